@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from fairkv import metrics
 from fairkv.data import Record
@@ -33,6 +33,34 @@ class Evaluation:
     rows: pd.DataFrame
     keep_maps: dict[tuple[str, float], torch.Tensor]
     model: str
+
+    def summary(self, digits: int = 3) -> pd.DataFrame:
+        """Keep rates, accuracy and leakage per cell, rounded (no timings: they vary from run to run)."""
+        columns = ["policy", "ratio"] + [c for c in self.rows if c.startswith(("keep_", "leak_"))]
+        columns += ["prompt_strict", "prompt_loose", "inst_strict", "inst_loose"]
+        return self.rows[columns].round(digits)
+
+    def responses(self, ratio: float, width: int = 100) -> pd.DataFrame:
+        """Both responses of every policy at one ratio, cut to ``width`` characters."""
+        rows = self.rows[self.rows["ratio"] == ratio]
+        cut = lambda text: text if len(text) <= width else text[: width - 3] + "..."
+        return pd.DataFrame(
+            {"policy": rows["policy"], "benign": rows["benign_response"].map(cut), "attack": rows["attack_response"].map(cut)}
+        ).reset_index(drop=True)
+
+
+def span_table(prompt: Prompt) -> pd.DataFrame:
+    """The prompt's spans (and the whitelist phrase): token range, length, and the first and last characters."""
+    rows = [
+        {"span": s.name, "start": s.start, "end": s.end, "tokens": len(s), "begins": s.text[:40], "ends": s.text[-40:]}
+        for s in prompt.spans
+    ]
+    if prompt.protected:
+        first, last = prompt.protected[0], prompt.protected[-1]
+        text = prompt.tokenizer.decode(prompt.ids[0, first : last + 1])
+        rows.append({"span": "whitelist", "start": first, "end": last + 1, "tokens": len(prompt.protected),
+                     "begins": text[:40], "ends": text[-40:]})
+    return pd.DataFrame(rows)
 
 
 def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens: int) -> dict:

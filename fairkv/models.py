@@ -16,17 +16,21 @@ quantisation to linear layers, a CPU speed option that changes the numbers (off 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from fairkv.paths import cache_dir
 
@@ -126,6 +130,24 @@ def converted_dir(spec: EmbeddedModel) -> Path:
     return cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
 
 
+@contextmanager
+def _quiet_progress():
+    """Silence loading and GGUF de-quantisation progress bars (they would clutter notebooks and logs).
+
+    transformers' switch covers its loading bar; the GGUF converter calls tqdm directly, so it gets a disabled one.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with mock.patch.object(gguf_utils, "tqdm", functools.partial(gguf_utils.tqdm, disable=True)):
+            yield
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
 def _convert(spec: EmbeddedModel) -> Path:
     target = converted_dir(spec)
     if (target / "fairkv_source.json").is_file():
@@ -142,6 +164,35 @@ def _convert(spec: EmbeddedModel) -> Path:
         shutil.rmtree(target)
     os.replace(staging, target)
     return target
+
+
+def _resolve(name: str, convert: bool) -> tuple[Path | str, str | None]:
+    """Where to load ``name`` from, and the pinned checksum of embedded weights (None for other models).
+
+    For an embedded model, ``convert`` makes sure the float32 conversion exists (the tokenizer alone does not need it).
+    """
+    if name in EMBEDDED:
+        spec = EMBEDDED[name]
+        if convert:
+            with _quiet_progress():
+                return _convert(spec), spec.sha256
+        return converted_dir(spec), spec.sha256
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser(), None
+    if "/" in name:
+        return name, None  # a hub id, resolved by transformers (needs internet or a warm hub cache)
+    known = ", ".join(sorted(EMBEDDED))
+    raise ModelError(f"unknown model {name!r}: use one of {known}, a local folder, or a Hugging Face id (org/name)")
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``name``; for an embedded model read from the GGUF file when no conversion is cached yet."""
+    folder, _ = _resolve(name, convert=False)
+    with _quiet_progress():
+        if name in EMBEDDED and not (Path(folder) / "fairkv_source.json").is_file():
+            gguf = embedded_gguf_path(EMBEDDED[name])
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        return AutoTokenizer.from_pretrained(folder)
 
 
 @dataclass
@@ -171,19 +222,11 @@ def load_model(
     ``attn_implementation`` defaults to "eager" for every policy: H2O (ObservedAttentionPress) needs the attention
     weights, and using one implementation for all policies keeps the uncompressed (r = 0) response shared by all.
     """
-    if name in EMBEDDED:
-        spec = EMBEDDED[name]
-        folder, checksum = _convert(spec), spec.sha256
-    elif Path(name).expanduser().is_dir():
-        folder, checksum = Path(name).expanduser(), None
-    elif "/" in name:
-        folder, checksum = name, None  # a hub id, resolved by transformers (needs internet or a warm hub cache)
-    else:
-        known = ", ".join(sorted(EMBEDDED))
-        raise ModelError(f"unknown model {name!r}: use one of {known}, a local folder, or a Hugging Face id (org/name)")
+    folder, checksum = _resolve(name, convert=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+        with _quiet_progress():
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
     except OSError as error:
         raise ModelError(f"could not load model {name!r} from {folder}: {error}") from error
     model.eval()

