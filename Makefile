@@ -32,7 +32,7 @@ reproduce: setup
 	$(BIN)/fairkv reproduce 00 -p data_source $(DATA_SOURCE)
 
 test: setup
-	$(BIN)/python -m pytest tests notebooks --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+	$(BIN)/python -m pytest tests notebooks --durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 
 clean:
 	rm -rf $(VENV) results

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from fairkv.models import LoadedModel
-from fairkv.presses import RecordingPress, get_policy, make_press
+from fairkv.presses import build_press, get_policy
 from fairkv.prompts import Prompt, PromptError
 
 
@@ -32,6 +32,8 @@ class Compressed:
     seconds: float
     policy: str | None
     ratio: float
+    variant: str = "base"
+    lam: float = 1.0
 
 
 @dataclass
@@ -55,8 +57,20 @@ def stop_token_ids(lm: LoadedModel) -> set[int]:
 
 
 @torch.inference_mode()
-def compress(lm: LoadedModel, prompt: Prompt, policy: str | None, ratio: float = 0.0) -> Compressed:
-    """Prefill the prompt's prefix under ``policy`` at ``ratio`` (None: no press) and return the cache."""
+def compress(
+    lm: LoadedModel,
+    prompt: Prompt,
+    policy: str | None,
+    ratio: float = 0.0,
+    variant: str = "base",
+    lam: float = 1.0,
+    keep_only_whitelist: bool = False,
+) -> Compressed:
+    """Prefill the prompt's prefix under ``policy`` at ``ratio`` (None: no press) and return the cache.
+
+    ``variant`` (base, whitelist, fair, fair+whitelist) and ``lam`` select the mitigation (``presses.build_press``);
+    the prompt supplies the spans and the whitelist positions.
+    """
     cache = DynamicCache()
     n = prompt.n_tokens
     start = time.perf_counter()
@@ -69,11 +83,13 @@ def compress(lm: LoadedModel, prompt: Prompt, policy: str | None, ratio: float =
             raise PromptError(f"policy {policy!r} needs a prefix longer than {spec.min_tokens} tokens; this one has {n}")
         if spec.needs_eager and lm.model.config._attn_implementation != "eager":
             raise PromptError(f"policy {policy!r} needs eager attention: load the model with attn_implementation='eager'")
-        press = RecordingPress(make_press(policy, ratio))
+        press = build_press(
+            policy, ratio, variant, [(s.start, s.end) for s in prompt.spans], prompt.protected, lam, keep_only_whitelist
+        )
         with press(lm.model):
             lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = press.kept
-    return Compressed(cache, n, kept, time.perf_counter() - start, policy, ratio)
+    return Compressed(cache, n, kept, time.perf_counter() - start, policy, ratio, variant, lam)
 
 
 @torch.inference_mode()

@@ -1,6 +1,54 @@
-"""Eviction policies (kvpress presses with the paper's settings) and the kept-index recorder."""
+"""Eviction policies (kvpress presses with the paper's settings), their mitigations, and the kept-index recorder.
 
+``build_press`` is the one entry point: policy key x variant (base, whitelist, fair, fair+whitelist) x ratio x lam.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fairkv.presses.budget import BudgetError
+from fairkv.presses.fair import FairPress, SpanError
 from fairkv.presses.recording import RecordingPress
-from fairkv.presses.registry import POLICIES, Policy, PolicyError, check_ratio, get_policy, make_press
+from fairkv.presses.registry import (
+    POLICIES,
+    VARIANTS,
+    Policy,
+    PolicyError,
+    check_ratio,
+    check_variant,
+    get_policy,
+    make_press,
+)
+from fairkv.presses.whitelist import WhitelistError, WhitelistPress
 
-__all__ = ["POLICIES", "Policy", "PolicyError", "RecordingPress", "check_ratio", "get_policy", "make_press"]
+
+def build_press(
+    policy: str,
+    ratio: float,
+    variant: str = "base",
+    spans: Sequence[tuple[int, int]] = (),
+    protected: Sequence[int] = (),
+    lam: float = 1.0,
+    keep_only_whitelist: bool = False,
+) -> RecordingPress:
+    """A recording press for ``policy`` at ``ratio`` in ``variant``; fair variants need ``spans``, whitelist ones
+    ``protected`` (both in token positions of the prefix)."""
+    press = make_press(policy, ratio)
+    check_variant(variant)
+    whitelist = tuple(protected) if "whitelist" in variant else ()
+    if "whitelist" in variant and not whitelist:
+        raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
+    if variant.startswith("fair"):
+        if not spans:
+            raise SpanError("fair eviction needs the prompt's spans")
+        return FairPress(press, protected=whitelist, keep_only_whitelist=keep_only_whitelist, spans=tuple(spans), lam=lam)
+    if whitelist:
+        return WhitelistPress(press, protected=whitelist, keep_only_whitelist=keep_only_whitelist)
+    return RecordingPress(press)
+
+
+__all__ = [
+    "POLICIES", "VARIANTS", "BudgetError", "FairPress", "Policy", "PolicyError", "RecordingPress", "SpanError",
+    "WhitelistError", "WhitelistPress", "build_press", "check_ratio", "check_variant", "get_policy", "make_press",
+]

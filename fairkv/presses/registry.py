@@ -60,3 +60,13 @@ def get_policy(key: str) -> Policy:
 def make_press(key: str, ratio: float) -> ScorerPress:
     """The kvpress press of policy ``key`` at compression ratio ``ratio``."""
     return get_policy(key).build(check_ratio(ratio))
+
+
+# Variants of a policy (Section 5): the base press, its whitelist, fair eviction (lam = 1, or a debiasing lam), both.
+VARIANTS = ("base", "whitelist", "fair", "fair+whitelist")
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise PolicyError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    return variant
