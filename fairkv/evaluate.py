@@ -37,7 +37,7 @@ class Evaluation:
     def summary(self, digits: int = 3) -> pd.DataFrame:
         """Keep rates, accuracy and leakage per cell, rounded (no timings: they vary from run to run)."""
         columns = ["policy", "ratio"] + [c for c in self.rows if c.startswith(("keep_", "leak_"))]
-        columns += ["prompt_strict", "prompt_loose", "inst_strict", "inst_loose"]
+        columns += ["refused", "leaked", "prompt_strict", "prompt_loose", "inst_strict", "inst_loose"]
         return self.rows[columns].round(digits)
 
     def responses(self, ratio: float, width: int = 100) -> pd.DataFrame:
@@ -67,6 +67,8 @@ def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens
     benign = answer(lm, compressed, prompt.query_ids(record.user), max_new_tokens)
     attacked = answer(lm, compressed, prompt.query_ids(attack), max_new_tokens)
     checks = metrics.ifeval(record, benign.text)
+    leaks = {name: metrics.leakage(ref, attacked.text) for name, ref in prompt.references.items()}
+    label = metrics.attack_label(attacked.text, leaks)
     row = {
         "key": record.key,
         "n_prefix": prompt.n_tokens,
@@ -74,7 +76,10 @@ def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens
         "prompt_loose": float(checks.prompt_loose),
         "inst_strict": sum(checks.strict) / len(checks.strict),
         "inst_loose": sum(checks.loose) / len(checks.loose),
-        **{f"leak_{name}": metrics.leakage(ref, attacked.text) for name, ref in prompt.references.items()},
+        **{f"leak_{name}": value for name, value in leaks.items()},
+        "attack_label": label,
+        "refused": float(label == "refused"),
+        "leaked": float(label == "leaked"),
         **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "benign_response": benign.text,
         "attack_response": attacked.text,

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import seaborn as sns
 
 from fairkv.evaluate import Evaluation
+from fairkv.metrics import LEAK_THRESHOLD
 from fairkv.paths import figures_dir
 from fairkv.presses import get_policy
 
@@ -57,15 +59,40 @@ def keep_map_figure(evaluation: Evaluation) -> plt.Figure:
     return fig
 
 
-def policy_curves(evaluation: Evaluation, columns: dict[str, str]) -> plt.Figure:
-    """One panel per metric column (column -> axis label), one line per policy, against the compression ratio."""
-    rows = evaluation.rows.assign(policy=evaluation.rows["policy"].map(lambda p: get_policy(p).label))
+def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: str = "policy") -> plt.Figure:
+    """One panel per metric column (column -> axis label), one line per ``hue`` value, against the compression ratio.
+
+    Lines are means over prompts with bootstrap 95% intervals (seeded, 1000 resamples).
+    """
+    rows = rows.assign(**{hue: rows[hue].map(lambda p: get_policy(p).label)}) if hue == "policy" else rows
     fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.2), sharex=True)
-    for ax, (column, label) in zip(np.atleast_1d(axes), columns.items()):
-        sns.lineplot(data=rows, x="ratio", y=column, hue="policy", marker="o", ax=ax, legend=ax is np.atleast_1d(axes)[-1])
+    axes = np.atleast_1d(axes)
+    for ax, (column, label) in zip(axes, columns.items()):
+        sns.lineplot(
+            data=rows, x="ratio", y=column, hue=hue, marker="o", ax=ax, errorbar=("ci", 95), n_boot=1000, seed=0,
+            legend=ax is axes[-1],
+        )
         ax.set_ylabel(label)
         ax.set_xlabel("compression ratio r")
         ax.set_ylim(-0.05, 1.05)
-    fig.suptitle(f"model {evaluation.model}, record {int(evaluation.rows['key'].iloc[0])}, n = 1 prompt", fontsize=10)
+    if axes[-1].get_legend() is not None:
+        sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# Wherever leakage is plotted, defense compliance is plotted beside it: ROUGE-L alone misses a model that drops the
+# defense but echoes the attack instead of reciting its prompt.
+COMPLIANCE_PANELS = {"refused": "defense obeyed (refusal rate)", "leaked": f"leak rate (ROUGE-L > {LEAK_THRESHOLD})"}
+
+
+def leakage_figure(rows: pd.DataFrame, title: str, hue: str = "policy", reference: str = "directive") -> plt.Figure:
+    """Leakage of ``reference`` (directive or defense) beside the defense-compliance and leak rates."""
+    panels = {f"leak_{reference}": f"{reference} leakage (ROUGE-L recall)", **COMPLIANCE_PANELS}
+    return policy_curves(rows, panels, title, hue)
+
+
+def describe(model: str, rows: pd.DataFrame, extra: str = "") -> str:
+    """A figure title naming the model and the sample size (number of distinct prompts)."""
+    return f"model {model}, n = {rows['key'].nunique()} prompt(s){', ' + extra if extra else ''}"

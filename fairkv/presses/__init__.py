@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from fairkv.presses.budget import BudgetError
-from fairkv.presses.fair import FairPress, SpanError
 from fairkv.presses.recording import RecordingPress
 from fairkv.presses.registry import (
     POLICIES,
@@ -20,7 +19,7 @@ from fairkv.presses.registry import (
     get_policy,
     make_press,
 )
-from fairkv.presses.whitelist import WhitelistError, WhitelistPress
+from fairkv.presses.selection import SpanError, WhitelistError
 
 
 def build_press(
@@ -34,21 +33,17 @@ def build_press(
 ) -> RecordingPress:
     """A recording press for ``policy`` at ``ratio`` in ``variant``; fair variants need ``spans``, whitelist ones
     ``protected`` (both in token positions of the prefix)."""
-    press = make_press(policy, ratio)
     check_variant(variant)
-    whitelist = tuple(protected) if "whitelist" in variant else ()
-    if "whitelist" in variant and not whitelist:
+    if "whitelist" in variant and not protected:
         raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
-    if variant.startswith("fair"):
-        if not spans:
-            raise SpanError("fair eviction needs the prompt's spans")
-        return FairPress(press, protected=whitelist, keep_only_whitelist=keep_only_whitelist, spans=tuple(spans), lam=lam)
-    if whitelist:
-        return WhitelistPress(press, protected=whitelist, keep_only_whitelist=keep_only_whitelist)
-    return RecordingPress(press)
+    if variant.startswith("fair") and not spans:
+        raise SpanError("fair eviction needs the prompt's spans")
+    return RecordingPress(
+        make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist
+    )
 
 
 __all__ = [
-    "POLICIES", "VARIANTS", "BudgetError", "FairPress", "Policy", "PolicyError", "RecordingPress", "SpanError",
-    "WhitelistError", "WhitelistPress", "build_press", "check_ratio", "check_variant", "get_policy", "make_press",
+    "POLICIES", "VARIANTS", "BudgetError", "Policy", "PolicyError", "RecordingPress", "SpanError",
+    "WhitelistError", "build_press", "check_ratio", "check_variant", "get_policy", "make_press",
 ]

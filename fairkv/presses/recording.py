@@ -1,8 +1,9 @@
-"""Record which prefix positions a press keeps, per layer and KV head.
+"""The press fairkv runs: a kvpress policy in one of its variants, recording which positions it keeps.
 
-``ScorerPress.compress`` throws its kept indices away. ``RecordingPress`` wraps any ScorerPress and compresses
-exactly as ``ScorerPress.compress`` does (same scores, same ``compute_n_kept`` budget, same top-k, same gather order),
-keeping the chosen indices. Variants that change the selection (whitelist, fair eviction) override ``select``.
+``ScorerPress.compress`` throws its kept indices away. ``RecordingPress`` wraps any of the five policies' presses,
+selects with ``selection.choose`` (for the base variant exactly ``ScorerPress.compress``: same scores, same
+``compute_n_kept`` budget, same top-k, same gather order), stores ``kept[layer]`` = (batch, kv_heads, n_kept) sorted
+positions, and gathers keys and values.
 """
 
 from __future__ import annotations
@@ -11,16 +12,36 @@ from dataclasses import dataclass, field
 
 import torch
 from kvpress import BasePress, ScorerPress
-from kvpress.utils import compute_n_kept
 from torch import nn
+
+from fairkv.presses.registry import check_variant
+from fairkv.presses.scoring import ranking_scores, span_local_scores
+from fairkv.presses.selection import check_lam, check_spans, choose
 
 
 @dataclass
 class RecordingPress(BasePress):
-    """Compress like ``press`` and store the kept positions: ``kept[layer]`` is (batch, kv_heads, n_kept), sorted."""
+    """Compress like ``press`` in ``variant`` (base, whitelist, fair, fair+whitelist) and record the kept positions.
+
+    ``spans`` (token ranges partitioning the prefix) are needed by fair variants, ``protected`` (whitelist positions)
+    by whitelist variants; ``lam`` is the debiasing weight of Appendix G (1 = fair eviction, 0 = base policy).
+    """
 
     press: ScorerPress
+    variant: str = "base"
+    spans: tuple[tuple[int, int], ...] = ()
+    protected: tuple[int, ...] = ()
+    lam: float = 1.0
+    keep_only_whitelist: bool = False
     kept: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        check_variant(self.variant)
+        check_lam(self.lam)
+        self.spans = tuple((int(s), int(e)) for s, e in self.spans)
+        self.protected = tuple(int(p) for p in self.protected)
+        if self.spans:
+            check_spans(self.spans, self.spans[-1][1])
 
     @property
     def compression_ratio(self) -> float:
@@ -29,17 +50,21 @@ class RecordingPress(BasePress):
     def post_init_from_model(self, model):
         self.press.post_init_from_model(model)
 
-    def select(self, module: nn.Module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
-        """Indices (batch, kv_heads, n_kept) of the entries to keep, in the press's top-k order."""
-        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
-        return scores.topk(compute_n_kept(keys.shape[2], self.compression_ratio), dim=-1).indices
-
     def compress(self, module: nn.Module, hidden_states, keys, values, attentions, kwargs):
-        batch, heads, k_len, _ = keys.shape
+        batch, heads, n, _ = keys.shape
         if self.compression_ratio == 0:
-            self.kept[module.layer_idx] = torch.arange(k_len, device=keys.device).expand(batch, heads, k_len)
+            self.kept[module.layer_idx] = torch.arange(n, device=keys.device).expand(batch, heads, n)
             return keys, values
-        indices = self.select(module, hidden_states, keys, values, attentions, kwargs)
+        args = (module, hidden_states, keys, values, attentions, kwargs)
+        scorers = {
+            "press": lambda: self.press.score(*args),
+            "ranking": lambda: ranking_scores(self.press, *args),
+            "local": lambda: span_local_scores(self.press, *args, self.spans),
+        }
+        indices = choose(
+            lambda kind: scorers[kind](), (batch, heads, n), self.compression_ratio, self.variant, self.lam,
+            self.spans, self.protected, self.keep_only_whitelist,
+        ).to(keys.device)
         self.kept[module.layer_idx] = indices.sort(dim=-1).values
-        gather = indices.unsqueeze(-1).expand(-1, -1, -1, module.head_dim)
+        gather = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
         return keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous()
