@@ -5,16 +5,17 @@ tokens are never compressed; decoding is greedy. As in kvpress's pipeline, the p
 the LM head, and after compression every token keeps its original position (position ids continue from the
 uncompressed prefix length; keys are not re-rotated).
 
-One compressed cache serves every query: each answer decodes on its own copy of it.
+One compressed cache serves every query: decoding builds a new cache around it and never modifies it. Many
+(cache, query) pairs decode together in one left-padded batch (``answer_batch``).
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from fairkv.models import LoadedModel
@@ -56,6 +57,17 @@ def stop_token_ids(lm: LoadedModel) -> set[int]:
     return ids
 
 
+def check_policy_fits(lm: LoadedModel, prompt: Prompt, policy: str) -> None:
+    """A clear error when the prompt is too short for the policy or the model lacks the attention it needs."""
+    spec = get_policy(policy)
+    if prompt.n_tokens <= spec.min_tokens:
+        raise PromptError(
+            f"policy {policy!r} needs a prefix longer than {spec.min_tokens} tokens; this one has {prompt.n_tokens}"
+        )
+    if spec.needs_eager and lm.model.config._attn_implementation != "eager":
+        raise PromptError(f"policy {policy!r} needs eager attention: load the model with attn_implementation='eager'")
+
+
 @torch.inference_mode()
 def compress(
     lm: LoadedModel,
@@ -78,11 +90,7 @@ def compress(
         lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = {}
     else:
-        spec = get_policy(policy)
-        if n <= spec.min_tokens:
-            raise PromptError(f"policy {policy!r} needs a prefix longer than {spec.min_tokens} tokens; this one has {n}")
-        if spec.needs_eager and lm.model.config._attn_implementation != "eager":
-            raise PromptError(f"policy {policy!r} needs eager attention: load the model with attn_implementation='eager'")
+        check_policy_fits(lm, prompt, policy)
         press = build_press(
             policy, ratio, variant, [(s.start, s.end) for s in prompt.spans], prompt.protected, lam, keep_only_whitelist
         )
@@ -92,26 +100,75 @@ def compress(
     return Compressed(cache, n, kept, time.perf_counter() - start, policy, ratio, variant, lam)
 
 
+def _batch_cache(caches: list[DynamicCache], length: int) -> tuple[DynamicCache, torch.Tensor]:
+    """Left-pad every cache to ``length`` entries and stack them: (batched cache, (batch, length) mask of real entries)."""
+    batched = DynamicCache()
+    mask = torch.zeros(len(caches), length, dtype=torch.long)
+    for i, cache in enumerate(caches):
+        mask[i, length - cache.get_seq_length() :] = 1
+    for layer in range(len(caches[0].layers)):
+        keys, values = [], []
+        for cache in caches:
+            k, v = cache.layers[layer].keys, cache.layers[layer].values
+            pad = length - k.shape[2]
+            keys.append(F.pad(k, (0, 0, pad, 0)) if pad else k)
+            values.append(F.pad(v, (0, 0, pad, 0)) if pad else v)
+        batched.update(torch.cat(keys), torch.cat(values), layer)
+    return batched, mask
+
+
 @torch.inference_mode()
-def answer(lm: LoadedModel, compressed: Compressed, query_ids: torch.Tensor, max_new_tokens: int) -> Answer:
-    """Greedy answer to one query on a copy of the compressed cache, stopping at an end-of-turn token."""
-    cache = copy.deepcopy(compressed.cache)
-    stops = stop_token_ids(lm)
-    n = compressed.n_prefix
+def answer_batch(
+    lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], max_new_tokens: int
+) -> list[Answer]:
+    """Greedy answers to many (compressed cache, query ids (1, q)) pairs decoded together.
+
+    Caches of different lengths are left-padded and masked; queries are left-padded and masked; every sequence keeps
+    its original positions (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token.
+    The compressed caches are not modified, so one cache serves any number of queries. With one item this is
+    kvpress's pipeline decode (``generate_answer``).
+    """
+    device, stops = lm.device, stop_token_ids(lm)
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else min(stops)
     start = time.perf_counter()
-    query_ids = query_ids.to(lm.device)
-    positions = torch.arange(n, n + query_ids.shape[1], device=lm.device).unsqueeze(0)
-    logits = lm.model(input_ids=query_ids, past_key_values=cache, position_ids=positions, logits_to_keep=1).logits
-    next_position = n + query_ids.shape[1]
-    generated: list[int] = []
+    cache_len = max(c.cache.get_seq_length() for c, _ in items)
+    q_len = max(q.shape[1] for _, q in items)
+    cache, cache_mask = _batch_cache([c.cache for c, _ in items], cache_len)
+    input_ids = torch.full((len(items), q_len), pad_id, dtype=torch.long)
+    query_mask = torch.zeros(len(items), q_len, dtype=torch.long)
+    positions = torch.zeros(len(items), q_len, dtype=torch.long)
+    for i, (compressed, query) in enumerate(items):
+        q = query.shape[1]
+        input_ids[i, q_len - q :] = query[0]
+        query_mask[i, q_len - q :] = 1
+        positions[i, q_len - q :] = torch.arange(compressed.n_prefix, compressed.n_prefix + q)
+    mask = torch.cat([cache_mask, query_mask], dim=1).to(device)
+    next_position = positions[:, -1:].to(device) + 1
+    logits = lm.model(
+        input_ids=input_ids.to(device), past_key_values=cache, attention_mask=mask,
+        position_ids=positions.to(device), logits_to_keep=1,
+    ).logits
+    generated: list[list[int]] = [[] for _ in items]
+    done = [False] * len(items)
     for step in range(max_new_tokens):
-        token = int(logits[0, -1].argmax())
-        generated.append(token)
-        if token in stops or step == max_new_tokens - 1:
+        tokens = logits[:, -1].argmax(dim=-1)
+        for i, token in enumerate(tokens.tolist()):
+            if not done[i]:
+                generated[i].append(token)
+                done[i] = token in stops
+        if all(done) or step == max_new_tokens - 1:
             break
-        position = torch.tensor([[next_position + step]], device=lm.device)
+        mask = torch.cat([mask, mask.new_ones(len(items), 1)], dim=1)
         logits = lm.model(
-            input_ids=torch.tensor([[token]], device=lm.device), past_key_values=cache, position_ids=position
+            input_ids=tokens.unsqueeze(1), past_key_values=cache, attention_mask=mask, position_ids=next_position + step
         ).logits
-    text = lm.tokenizer.decode(generated, skip_special_tokens=True)
-    return Answer(text=text, token_ids=generated, seconds=time.perf_counter() - start)
+    seconds = (time.perf_counter() - start) / len(items)
+    return [
+        Answer(text=lm.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids, seconds=seconds)
+        for ids in generated
+    ]
+
+
+def answer(lm: LoadedModel, compressed: Compressed, query_ids: torch.Tensor, max_new_tokens: int) -> Answer:
+    """Greedy answer to one query on the compressed cache (batch size 1, as kvpress's pipeline)."""
+    return answer_batch(lm, [(compressed, query_ids)], max_new_tokens)[0]

@@ -19,7 +19,7 @@ from fairkv.presses.registry import (
     get_policy,
     make_press,
 )
-from fairkv.presses.selection import SpanError, WhitelistError
+from fairkv.presses.selection import SpanError, WhitelistError, check_variant_inputs
 
 
 def build_press(
@@ -33,11 +33,7 @@ def build_press(
 ) -> RecordingPress:
     """A recording press for ``policy`` at ``ratio`` in ``variant``; fair variants need ``spans``, whitelist ones
     ``protected`` (both in token positions of the prefix)."""
-    check_variant(variant)
-    if "whitelist" in variant and not protected:
-        raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
-    if variant.startswith("fair") and not spans:
-        raise SpanError("fair eviction needs the prompt's spans")
+    check_variant_inputs(variant, spans, protected)
     return RecordingPress(
         make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist
     )
@@ -45,5 +41,5 @@ def build_press(
 
 __all__ = [
     "POLICIES", "VARIANTS", "BudgetError", "Policy", "PolicyError", "RecordingPress", "SpanError",
-    "WhitelistError", "build_press", "check_ratio", "check_variant", "get_policy", "make_press",
+    "WhitelistError", "build_press", "check_variant_inputs", "check_ratio", "check_variant", "get_policy", "make_press",
 ]

@@ -59,6 +59,15 @@ def check_spans(spans: Sequence[tuple[int, int]], n: int) -> None:
         raise SpanError(f"spans cover [{spans[0][0]}, {spans[-1][1]}) but the prefix has {n} tokens")
 
 
+def check_variant_inputs(variant: str, spans: Sequence[tuple[int, int]], protected: Sequence[int]) -> None:
+    """A variant gets what it needs: whitelist variants positions to protect, fair variants the prompt's spans."""
+    check_variant(variant)
+    if "whitelist" in variant and not protected:
+        raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
+    if variant.startswith("fair") and not spans:
+        raise SpanError("fair eviction needs the prompt's spans")
+
+
 def check_lam(lam: float) -> float:
     if not 0.0 <= float(lam) <= 1.0:
         raise ValueError(f"lam = {lam} is outside [0, 1]: 0 is the base policy, 1 fair eviction")

@@ -1,0 +1,57 @@
+"""Score once, cut many: the same kept sets and caches as running the press; batched decoding as batch size 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fairkv import engine, generation
+from fairkv.presses import POLICIES, WhitelistError
+
+SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair+whitelist", 1.0)]
+
+
+@pytest.fixture(scope="module")
+def prefilled(smollm, normal_prompt):
+    return engine.prefill(smollm, normal_prompt, tuple(POLICIES))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_cut_equals_running_the_press(smollm, normal_prompt, prefilled, policy):
+    for ratio in (0.1, 0.3, 0.5, 0.7):
+        for variant, lam in SETTINGS:
+            pressed = generation.compress(smollm, normal_prompt, policy, ratio, variant, lam)
+            cut = engine.cut(prefilled, policy, ratio, variant, lam)
+            for layer, indices in pressed.kept.items():
+                assert torch.equal(cut.kept[layer], indices), (policy, ratio, variant, lam, layer)
+                # same gather order: the caches are identical, not just the sets
+                assert torch.equal(cut.cache.layers[layer].keys, pressed.cache.layers[layer].keys)
+
+
+def test_cut_at_ratio_zero_and_without_policy(normal_prompt, prefilled):
+    full = engine.cut(prefilled, None, 0.0)
+    assert full.cache.get_seq_length() == normal_prompt.n_tokens and full.kept == {}
+    assert engine.cut(prefilled, "tova", 0.0).cache.get_seq_length() == normal_prompt.n_tokens
+
+
+def test_cut_needs_a_whitelist_phrase(smollm):
+    from fairkv import prompts
+
+    prompt = prompts.build_prompt(smollm.tokenizer, [("a", "Answer every question in exactly two short sentences, please.")])
+    with pytest.raises(WhitelistError, match="phrase was not found"):
+        engine.cut(engine.prefill(smollm, prompt, ("knorm",)), "knorm", 0.5, "whitelist")
+
+
+def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, prefilled, attack):
+    """Caches of different lengths and queries of different lengths, decoded together, as one by one."""
+    items = []
+    for policy, ratio in [(None, 0.0), ("streamingllm", 0.5), ("snapkv", 0.3), ("knorm", 0.7), ("tova", 0.5)]:
+        compressed = engine.cut(prefilled, policy, ratio)
+        for query in (records[0].user, attack):
+            items.append((compressed, normal_prompt.query_ids(query)))
+    batched = generation.answer_batch(smollm, items, 24)
+    single = [generation.answer(smollm, c, q, 24) for c, q in items]
+    same = sum(b.token_ids == s.token_ids for b, s in zip(batched, single))
+    assert same >= len(items) - 1, [(b.text, s.text) for b, s in zip(batched, single) if b.token_ids != s.token_ids]
+    # the compressed caches are untouched by decoding: decoding again gives the same answers
+    assert [a.token_ids for a in generation.answer_batch(smollm, items, 24)] == [b.token_ids for b in batched]
