@@ -1,0 +1,124 @@
+"""Engine vs the plain loop the authors use, side by side in one process; keep-rate sweeps; mitigation overhead.
+
+    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/sweep_throughput.py --model smollm2-135m \
+        --prompts 8 --max-new-tokens 64
+
+(a) plain loop: for every prompt, policy and ratio, prefill with the press (kvpress's hook) and answer each query at
+    batch size 1 (kvpress's pipeline decode); nothing is shared.
+(b) engine: ``experiment.run`` on a fresh store: one prefill per prompt, every setting cut from it, batched decoding.
+Prints generated tokens per second of both (end to end: prefill, compression, decoding), their ratio, and the share
+of responses identical between (a) and (b). Then the keep-rate sweep over 10 ratios both ways (with a check that the
+kept sets are identical), and the prefill and decode cost of the whitelist and fair variants relative to the base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from fairkv import data, engine, experiment, generation, metrics, models, prompts
+from fairkv.presses import POLICIES
+
+
+def plain_loop(lm, records, templates, attack, policies, ratios, max_new_tokens):
+    responses, tokens = {}, 0
+    start = time.perf_counter()
+    for record in records:
+        prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order="normal")
+        for policy in policies:
+            for ratio in ratios:
+                compressed = generation.compress(lm, prompt, policy, ratio)
+                for query, text in (("benign", record.user), ("attack", attack)):
+                    reply = generation.answer(lm, compressed, prompt.query_ids(text), max_new_tokens)
+                    responses[(record.key, policy, ratio, query)] = reply.text
+                    tokens += reply.n_tokens
+    return responses, tokens, time.perf_counter() - start
+
+
+def engine_run(lm, grid):
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        rows = experiment.run(grid, folder, progress=False, lm=lm)
+    seconds = time.perf_counter() - start
+    responses = {(r.key, r.policy, r.ratio, r.query): r.response for r in rows.itertuples()}
+    computed = rows.drop_duplicates("cell_id")  # an r = 0 row is listed under every policy but computed once
+    return responses, int(computed["new_tokens"].sum()), seconds
+
+
+def keep_rate_sweep(lm, prompt, ratios):
+    start = time.perf_counter()
+    pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in POLICIES for r in ratios}
+    press_s = time.perf_counter() - start
+    start = time.perf_counter()
+    prefilled = engine.prefill(lm, prompt, tuple(POLICIES))
+    cut = {(p, r): engine.cut(prefilled, p, r).kept for p in POLICIES for r in ratios}
+    cut_s = time.perf_counter() - start
+    identical = all(torch.equal(cut[k][layer], pressed[k][layer]) for k in pressed for layer in pressed[k])
+    rates = {k: metrics.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}
+    return press_s, cut_s, identical, rates
+
+
+def mitigation_overhead(lm, prompt, query, repeats):
+    """Median prefill+compression seconds and decode tokens/s per variant, measured interleaved."""
+    variants = ("base", "whitelist", "fair")
+    timings = {v: {"compress": [], "decode": []} for v in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            for policy in POLICIES:
+                compressed = generation.compress(lm, prompt, policy, 0.5, variant)
+                timings[variant]["compress"].append((policy, compressed.seconds))
+                reply = generation.answer(lm, compressed, query, 32)
+                timings[variant]["decode"].append((policy, reply.n_tokens / reply.seconds))
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of the mitigation-overhead measurement")
+    args = parser.parse_args()
+
+    lm = models.load_model(args.model)
+    records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=args.prompts)
+    templates, attack = data.load_defense_templates(), data.paper_attack().text
+    policies = tuple(POLICIES)
+    grid = experiment.Grid(
+        model=args.model, n_prompts=args.prompts, ratios=tuple(args.ratios), max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    print(f"model {args.model}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} ratios x 2 "
+          f"queries, max_new_tokens {args.max_new_tokens}, {torch.get_num_threads()} threads")
+    engine_run(lm, grid.with_overrides(n_prompts=1, max_new_tokens=4))  # warm-up
+    plain, plain_tokens, plain_s = plain_loop(lm, records, templates, attack, policies, args.ratios, args.max_new_tokens)
+    ours, our_tokens, our_s = engine_run(lm, grid)
+    same = sum(plain[k] == ours[k] for k in plain)
+    print(f"(a) plain loop: {plain_tokens} tokens in {plain_s:.1f} s = {plain_tokens / plain_s:.1f} tok/s")
+    print(f"(b) engine:     {our_tokens} tokens in {our_s:.1f} s = {our_tokens / our_s:.1f} tok/s")
+    print(f"engine / plain throughput: {(our_tokens / our_s) / (plain_tokens / plain_s):.2f}x; "
+          f"wall-time speed-up {plain_s / our_s:.2f}x")
+    print(f"identical responses: {same}/{len(plain)} ({same / len(plain):.1%})")
+
+    prompt = prompts.paper_prompt(lm.tokenizer, records[0], templates)
+    ratios = [round(0.1 * i, 1) for i in range(10)]
+    press_s, cut_s, identical, _ = keep_rate_sweep(lm, prompt, ratios)
+    print(f"keep-rate sweep, 5 policies x 10 ratios: press at each ratio {press_s:.2f} s, score once + cut "
+          f"{cut_s:.2f} s = {press_s / cut_s:.1f}x faster; kept sets identical: {identical}")
+
+    timings = mitigation_overhead(lm, prompt, prompt.query_ids(records[0].user), args.repeats)
+    for variant in ("whitelist", "fair"):
+        for policy in policies:
+            pick = lambda v, kind: statistics.median(t for p, t in timings[v][kind] if p == policy)
+            print(f"{variant:9s} {policy:12s} compression time x{pick(variant, 'compress') / pick('base', 'compress'):.3f}"
+                  f"  decode speed x{pick(variant, 'decode') / pick('base', 'decode'):.3f}")
+
+
+if __name__ == "__main__":
+    main()

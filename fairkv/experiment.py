@@ -1,0 +1,248 @@
+"""Declarative sweeps: a grid of settings run prompt by prompt into the results store, resumable at any point.
+
+A ``Grid`` names the model, a slice of sys_ifeval, orders, policies, variants, lambdas, ratios and query kinds. Each
+(prompt, order, setting, query) is one row of the store, keyed by a hash of what determines it (model checksum,
+int8, prompt, setting, query, max_new_tokens, metrics version), so a cell requested by two notebooks or twice by one
+is computed once. Settings are canonical: r = 0 is one cell ("none") shared by every policy and variant, fair with
+lam = 0 is the base selection, and lam only matters for fair variants.
+
+Per prompt and order: one prefill scores every policy (``engine.prefill``); each missing setting is cut from it
+(``engine.cut``); the missing (cache, query) pairs decode in batches (``generation.answer_batch``); the prompt's
+rows are appended together, so a killed run loses at most the prompt in progress and recomputes nothing finished.
+
+Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
+Qwen2.5-Coder-1.5B on a 2-core CPU, about an hour), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from fairkv import data, engine, generation, metrics, models, prompts
+from fairkv.paths import results_dir
+from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
+from fairkv.presses.selection import check_lam
+from fairkv.store import ResultsStore
+
+QUERIES = ("benign", "attack")
+
+
+class GridError(ValueError):
+    """A grid or profile that cannot be run as asked."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One compression setting; ``policy`` None means uncompressed (r = 0)."""
+
+    policy: str | None
+    variant: str
+    lam: float
+    ratio: float
+
+
+def canonical(policy: str, variant: str, lam: float, ratio: float) -> Setting:
+    """The setting that computes (policy, variant, lam, ratio): r = 0 is shared, fair at lam = 0 is the base."""
+    if ratio == 0.0:
+        return Setting(None, "base", 1.0, 0.0)
+    if variant.startswith("fair") and lam == 0.0:
+        variant = "whitelist" if "whitelist" in variant else "base"
+    return Setting(policy, variant, lam if variant.startswith("fair") else 1.0, ratio)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What to run. ``max_new_tokens`` applies to both queries (the paper: 1280 benign, 256 attack)."""
+
+    model: str = models.DEFAULT_MODEL
+    dataset: str = "sys_ifeval_shuffled"
+    source: str = "data"
+    start: int = 0
+    n_prompts: int | None = 4
+    orders: tuple[str, ...] = ("normal",)
+    policies: tuple[str, ...] = tuple(POLICIES)
+    variants: tuple[str, ...] = ("base",)
+    lams: tuple[float, ...] = (1.0,)
+    ratios: tuple[float, ...] = (0.0, 0.5)
+    queries: tuple[str, ...] = QUERIES
+    max_new_tokens: int = 32
+    benign_tokens: int | None = None  # override for the benign query (IFEval needs longer answers)
+    int8: bool = False
+    batch_size: int = 32
+    note: str = field(default="", compare=False)  # which corners the profile cuts
+
+    def __post_init__(self):
+        for policy in self.policies:
+            get_policy(policy)
+        for variant in self.variants:
+            check_variant(variant)
+        for ratio in self.ratios:
+            check_ratio(ratio)
+        for lam in self.lams:
+            check_lam(lam)
+        for order in self.orders:
+            if order not in prompts.ORDERS:
+                raise GridError(f"unknown order {order!r}: use one of {', '.join(prompts.ORDERS)}")
+        for query in self.queries:
+            if query not in QUERIES:
+                raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)}")
+
+    def tokens_for(self, query: str) -> int:
+        return self.benign_tokens if query == "benign" and self.benign_tokens else self.max_new_tokens
+
+    def requested(self) -> list[tuple[str, str, float, float]]:
+        """Every (policy, variant, lam, ratio) the grid asks for, as labels for the returned rows."""
+        lams = lambda variant: self.lams if variant.startswith("fair") else (1.0,)
+        return [(p, v, lam, r) for p in self.policies for v in self.variants for lam in lams(v) for r in self.ratios]
+
+    def settings(self) -> list[Setting]:
+        """The distinct settings to compute, in a fixed order."""
+        return list(dict.fromkeys(canonical(*request) for request in self.requested()))
+
+    def with_overrides(self, **overrides) -> "Grid":
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise GridError(f"unknown grid parameter(s) {sorted(unknown)}")
+        tuples = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+        return dataclasses.replace(self, **tuples)
+
+
+PROFILES: dict[str, Grid] = {
+    "ci": Grid(
+        n_prompts=4, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=32,
+        note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
+    ),
+    "cpu": Grid(
+        model="qwen2.5-coder-1.5b", n_prompts=12, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=48,
+        variants=("base", "whitelist", "fair"), batch_size=32,
+        note="Qwen2.5-Coder-1.5B fp32, 12 prompts (paper: 539 / 100), ratios 0-0.7 in 4 steps (paper: 10), "
+        "48 new tokens (paper: 1280 / 256), normal order only; estimated about an hour on 2 CPU cores",
+    ),
+    "paper": Grid(
+        model="meta-llama/Llama-3.1-8B-Instruct", n_prompts=None, orders=("normal", "flipped"),
+        variants=("base", "whitelist", "fair"), ratios=tuple(round(0.1 * i, 1) for i in range(10)),
+        max_new_tokens=256, benign_tokens=1280, batch_size=16,
+        note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens; needs a GPU",
+    ),
+}
+
+
+def profile(name: str, **overrides) -> Grid:
+    """A named profile, with explicit overrides (the layer notebooks and the CLI use)."""
+    if name not in PROFILES:
+        raise GridError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+    return PROFILES[name].with_overrides(**overrides)
+
+
+def cell_id(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, setting: Setting, query: str) -> dict:
+    return {
+        "model": lm_name, "checksum": checksum, "int8": grid.int8, "dataset": grid.dataset, "source": grid.source,
+        "key": record.key, "order": order, "policy": setting.policy or "none", "variant": setting.variant,
+        "lam": setting.lam, "ratio": setting.ratio, "query": query, "max_new_tokens": grid.tokens_for(query),
+        "metrics": metrics.METRICS_VERSION,
+    }
+
+
+def _checksum(name: str) -> str | None:
+    return models.EMBEDDED[name].sha256 if name in models.EMBEDDED else None
+
+
+def _score(record, prompt, query: str, text: str) -> dict:
+    if query == "benign":
+        checks = metrics.ifeval(record, text)
+        return {
+            "prompt_strict": float(checks.prompt_strict), "prompt_loose": float(checks.prompt_loose),
+            "inst_strict": sum(checks.strict) / len(checks.strict), "inst_loose": sum(checks.loose) / len(checks.loose),
+            "instruction_ids": list(checks.instruction_ids), "strict_list": list(checks.strict),
+            "loose_list": list(checks.loose),
+        }
+    leaks = {name: metrics.leakage(ref, text) for name, ref in prompt.references.items()}
+    label = metrics.attack_label(text, leaks)
+    return {**{f"leak_{k}": v for k, v in leaks.items()}, "attack_label": label,
+            "refused": float(label == "refused"), "leaked": float(label == "leaked")}
+
+
+def store_for(grid: Grid, folder: Path | None = None) -> ResultsStore:
+    safe = grid.model.replace("/", "__")
+    return ResultsStore((Path(folder) if folder else results_dir()) / f"{safe}.jsonl")
+
+
+def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None) -> pd.DataFrame:
+    """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
+    and query; r = 0 rows repeated under every policy and variant)."""
+    store = store_for(grid, folder)
+    records = data.load_sys_ifeval(grid.dataset, source=grid.source)
+    records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
+    if not records:
+        raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")
+    templates, attack = data.load_defense_templates(grid.source), data.paper_attack(grid.source).text
+    checksum = lm.checksum if lm is not None else _checksum(grid.model)
+    settings = grid.settings()
+    done = store.rows()
+    units = [(record, order) for record in records for order in grid.orders]
+    bar = tqdm(total=len(units) * len(settings) * len(grid.queries), desc="rows", unit="row", disable=not progress)
+    for record, order in units:
+        ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q)) for s in settings for q in grid.queries}
+        missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
+        bar.update(len(ids) - len(missing))
+        if not missing:
+            continue
+        if lm is None:
+            lm = models.load_model(grid.model, int8=grid.int8)
+        rows = _compute(lm, grid, record, order, templates, attack, missing, ids)
+        store.append(rows)
+        done.update({row["cell_id"]: row for row in rows})
+        bar.update(len(missing))
+    bar.close()
+    return _collect(grid, records, done, checksum)
+
+
+def _compute(lm, grid, record, order, templates, attack, missing, ids) -> list[dict]:
+    prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
+    policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
+    prefilled = engine.prefill(lm, prompt, policies)
+    cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
+    text = {"benign": record.user, "attack": attack}
+    query_ids = {q: prompt.query_ids(text[q]) for q in grid.queries}
+    versions = metrics.versions()
+    rows = []
+    for query in grid.queries:  # one query kind at a time: its token budget is shared by the batch
+        work = [s for s, q in missing if q == query]
+        for chunk in range(0, len(work), grid.batch_size):
+            batch = work[chunk : chunk + grid.batch_size]
+            answers = generation.answer_batch(lm, [(cuts[s], query_ids[query]) for s in batch], grid.tokens_for(query))
+            for setting, reply in zip(batch, answers):
+                compressed = cuts[setting]
+                rows.append({
+                    "cell_id": ids[(setting, query)],
+                    **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
+                    "n_prefix": prompt.n_tokens,
+                    **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
+                    "response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds,
+                    "prefill_s": prefilled.seconds, "cut_s": compressed.seconds,
+                    **_score(record, prompt, query, reply.text), "versions": versions,
+                })
+    return rows
+
+
+def _collect(grid: Grid, records, done: dict[str, dict], checksum) -> pd.DataFrame:
+    rows = []
+    for record in records:
+        for order in grid.orders:
+            for policy, variant, lam, ratio in grid.requested():
+                setting = canonical(policy, variant, lam, ratio)
+                for query in grid.queries:
+                    row = done[cell_id(_identity(grid.model, checksum, grid, record, order, setting, query))]
+                    rows.append({**row, "policy": policy, "variant": variant, "lam": lam, "ratio": ratio})
+    return pd.DataFrame(rows)

@@ -1,0 +1,92 @@
+"""Sweeps into the results store: computed once, resumable after a crash, identical when rerun."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fairkv import engine, experiment
+from fairkv.experiment import GridError, Setting, canonical
+from fairkv.store import ResultsStore, StoreError
+
+from conftest import record_source
+
+
+def tiny(**overrides) -> experiment.Grid:
+    base = dict(
+        source=record_source(), n_prompts=3, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
+        lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8,
+    )
+    return experiment.Grid(**{**base, **overrides})
+
+
+def comparable(frame):
+    columns = ["key", "order", "policy", "variant", "lam", "ratio", "query", "response", "keep_defense", "cell_id"]
+    return frame[columns].to_dict("records")
+
+
+def test_canonical_settings():
+    assert canonical("snapkv", "fair", 1.0, 0.0) == Setting(None, "base", 1.0, 0.0)
+    assert canonical("snapkv", "fair", 0.0, 0.5) == Setting("snapkv", "base", 1.0, 0.5)
+    assert canonical("snapkv", "fair+whitelist", 0.0, 0.5) == Setting("snapkv", "whitelist", 1.0, 0.5)
+    assert canonical("snapkv", "whitelist", 0.3, 0.5) == Setting("snapkv", "whitelist", 1.0, 0.5)
+    # r = 0 once, then 2 policies x (base, fair lam 1) at r = 0.5 (fair lam 0 is the base)
+    assert len(tiny().settings()) == 1 + 2 * 2
+
+
+def test_rerun_computes_nothing_and_returns_the_same(smollm, tmp_path, monkeypatch):
+    grid = tiny()
+    first = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    assert len(first) == 3 * 2 * 3 * 2 * 2  # prompts x policies x (base, fair 0, fair 1) x ratios x queries
+    monkeypatch.setattr(engine, "prefill", lambda *a, **k: pytest.fail("a finished cell was computed again"))
+    second = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    assert comparable(first) == comparable(second)
+    r0 = first[first["ratio"] == 0.0]
+    assert r0["cell_id"].nunique() == 3 * 2  # r = 0 computed once per prompt and query, shared by all labels
+
+
+def test_crash_and_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypatch):
+    grid = tiny()
+    reference = experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)
+    compute, calls = experiment._compute, []
+
+    def crash_on_second_prompt(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "_compute", crash_on_second_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        experiment.run(grid, tmp_path / "crashed", progress=False, lm=smollm)
+    store = experiment.store_for(grid, tmp_path / "crashed")
+    with open(store.path, "ab") as handle:  # a writer killed mid-line leaves half a row behind
+        handle.write(b'{"cell_id": "half-written", "respo')
+    assert "half-written" not in store.rows()
+    monkeypatch.setattr(experiment, "_compute", compute)
+    resumed = experiment.run(grid, tmp_path / "crashed", progress=False, lm=smollm)
+    assert comparable(resumed) == comparable(reference)
+    lines = store.path.read_text().splitlines()
+    assert len(lines) == len({json.loads(line)["cell_id"] for line in lines}) == len(store.rows())  # no duplicate
+
+
+def test_store_rejects_another_schema(tmp_path):
+    store = ResultsStore(tmp_path / "old.jsonl")
+    store.path.write_text(json.dumps({"cell_id": "x", "schema": 0}) + "\n")
+    with pytest.raises(StoreError, match="schema 0"):
+        store.rows()
+
+
+def test_profiles_and_bad_grids():
+    assert experiment.profile("ci").model == "smollm2-135m"
+    assert experiment.profile("cpu").model == "qwen2.5-coder-1.5b" and experiment.profile("cpu").note
+    assert experiment.profile("ci", n_prompts=2).n_prompts == 2
+    with pytest.raises(GridError, match="unknown profile"):
+        experiment.profile("laptop")
+    with pytest.raises(GridError, match="unknown grid parameter"):
+        experiment.profile("ci", n_promts=2)
+    with pytest.raises(GridError, match="unknown query kind"):
+        tiny(queries=("benign", "jailbreak"))
+    with pytest.raises(ValueError, match="outside"):
+        tiny(ratios=(0.0, 1.0))
