@@ -7,8 +7,9 @@ is computed once. Settings are canonical: r = 0 is one cell ("none") shared by e
 lam = 0 is the base selection, and lam only matters for fair variants.
 
 Per prompt and order: one prefill scores every policy (``engine.prefill``); each missing setting is cut from it
-(``engine.cut``); the missing (cache, query) pairs decode in batches (``generation.answer_batch``); the prompt's
-rows are appended together, so a killed run loses at most the prompt in progress and recomputes nothing finished.
+(``engine.cut``). Prompts go in groups that fill a batch; the group's missing (cache, query) pairs decode together
+(``generation.answer_batch``) and its rows are appended together, so a killed run loses at most the group in
+progress and recomputes nothing finished.
 
 Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
 Qwen2.5-Coder-1.5B on a 2-core CPU, about an hour), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
@@ -191,41 +192,51 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
     settings = grid.settings()
     done = store.rows()
     units = [(record, order) for record in records for order in grid.orders]
+    # prompts decoded together: enough to fill a batch with their settings (rows are written group by group)
+    group = max(1, grid.batch_size // len(settings))
     bar = tqdm(total=len(units) * len(settings) * len(grid.queries), desc="rows", unit="row", disable=not progress)
-    for record, order in units:
-        ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q)) for s in settings for q in grid.queries}
-        missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
-        bar.update(len(ids) - len(missing))
-        if not missing:
+    for first in range(0, len(units), group):
+        work = []
+        for record, order in units[first : first + group]:
+            ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
+                   for s in settings for q in grid.queries}
+            missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
+            bar.update(len(ids) - len(missing))
+            if missing:
+                work.append((record, order, missing, ids))
+        if not work:
             continue
         if lm is None:
             lm = models.load_model(grid.model, int8=grid.int8)
-        rows = _compute(lm, grid, record, order, templates, attack, missing, ids)
+        rows = _compute(lm, grid, work, templates, attack)
         store.append(rows)
         done.update({row["cell_id"]: row for row in rows})
-        bar.update(len(missing))
+        bar.update(len(rows))
     bar.close()
     return _collect(grid, records, done, checksum)
 
 
-def _compute(lm, grid, record, order, templates, attack, missing, ids) -> list[dict]:
-    prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
-    policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
-    prefilled = engine.prefill(lm, prompt, policies)
-    cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
-    text = {"benign": record.user, "attack": attack}
-    query_ids = {q: prompt.query_ids(text[q]) for q in grid.queries}
+def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
+    """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
+    from it, then each query kind decoded in batches across the group."""
     versions = metrics.versions()
+    items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
+    for record, order, missing, ids in work:
+        prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
+        policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
+        prefilled = engine.prefill(lm, prompt, policies)
+        cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
+        items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = []
     for query in grid.queries:  # one query kind at a time: its token budget is shared by the batch
-        work = [s for s, q in missing if q == query]
-        for chunk in range(0, len(work), grid.batch_size):
-            batch = work[chunk : chunk + grid.batch_size]
-            answers = generation.answer_batch(lm, [(cuts[s], query_ids[query]) for s in batch], grid.tokens_for(query))
-            for setting, reply in zip(batch, answers):
-                compressed = cuts[setting]
+        todo = [item for item in items if item[6] == query]
+        for chunk in range(0, len(todo), grid.batch_size):
+            batch = todo[chunk : chunk + grid.batch_size]
+            pairs = [(c, p.query_ids(r.user if query == "benign" else attack)) for r, _, p, _, _, c, _, _ in batch]
+            answers = generation.answer_batch(lm, pairs, grid.tokens_for(query))
+            for (record, order, prompt, prefilled, setting, compressed, _, cid), reply in zip(batch, answers):
                 rows.append({
-                    "cell_id": ids[(setting, query)],
+                    "cell_id": cid,
                     **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
                     "n_prefix": prompt.n_tokens,
                     **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},

@@ -47,17 +47,17 @@ def test_rerun_computes_nothing_and_returns_the_same(smollm, tmp_path, monkeypat
 
 
 def test_crash_and_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypatch):
-    grid = tiny()
+    grid = tiny(batch_size=5)  # one prompt per group: the crash hits the second group
     reference = experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)
     compute, calls = experiment._compute, []
 
-    def crash_on_second_prompt(*args, **kwargs):
+    def crash_on_second_group(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt("killed")
         return compute(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "_compute", crash_on_second_prompt)
+    monkeypatch.setattr(experiment, "_compute", crash_on_second_group)
     with pytest.raises(KeyboardInterrupt):
         experiment.run(grid, tmp_path / "crashed", progress=False, lm=smollm)
     store = experiment.store_for(grid, tmp_path / "crashed")
