@@ -66,20 +66,11 @@ def span_table(prompt: Prompt) -> pd.DataFrame:
 def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens: int) -> dict:
     benign = answer(lm, compressed, prompt.query_ids(record.user), max_new_tokens)
     attacked = answer(lm, compressed, prompt.query_ids(attack), max_new_tokens)
-    checks = metrics.ifeval(record, benign.text)
-    leaks = {name: metrics.leakage(ref, attacked.text) for name, ref in prompt.references.items()}
-    label = metrics.attack_label(attacked.text, leaks)
     row = {
         "key": record.key,
         "n_prefix": prompt.n_tokens,
-        "prompt_strict": float(checks.prompt_strict),
-        "prompt_loose": float(checks.prompt_loose),
-        "inst_strict": sum(checks.strict) / len(checks.strict),
-        "inst_loose": sum(checks.loose) / len(checks.loose),
-        **{f"leak_{name}": value for name, value in leaks.items()},
-        "attack_label": label,
-        "refused": float(label == "refused"),
-        "leaked": float(label == "leaked"),
+        **metrics.benign_scores(record, benign.text),
+        **metrics.attack_scores(prompt.references, attacked.text),
         **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "benign_response": benign.text,
         "attack_response": attacked.text,

@@ -159,21 +159,6 @@ def _checksum(name: str) -> str | None:
     return models.EMBEDDED[name].sha256 if name in models.EMBEDDED else None
 
 
-def _score(record, prompt, query: str, text: str) -> dict:
-    if query == "benign":
-        checks = metrics.ifeval(record, text)
-        return {
-            "prompt_strict": float(checks.prompt_strict), "prompt_loose": float(checks.prompt_loose),
-            "inst_strict": sum(checks.strict) / len(checks.strict), "inst_loose": sum(checks.loose) / len(checks.loose),
-            "instruction_ids": list(checks.instruction_ids), "strict_list": list(checks.strict),
-            "loose_list": list(checks.loose),
-        }
-    leaks = {name: metrics.leakage(ref, text) for name, ref in prompt.references.items()}
-    label = metrics.attack_label(text, leaks)
-    return {**{f"leak_{k}": v for k, v in leaks.items()}, "attack_label": label,
-            "refused": float(label == "refused"), "leaked": float(label == "leaked")}
-
-
 def store_for(grid: Grid, folder: Path | None = None) -> ResultsStore:
     safe = grid.model.replace("/", "__")
     return ResultsStore((Path(folder) if folder else results_dir()) / f"{safe}.jsonl")
@@ -242,7 +227,9 @@ def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
                     **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
                     "response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds,
                     "prefill_s": prefilled.seconds, "cut_s": compressed.seconds,
-                    **_score(record, prompt, query, reply.text), "versions": versions,
+                    **(metrics.benign_scores(record, reply.text) if query == "benign"
+                       else metrics.attack_scores(prompt.references, reply.text)),
+                    "versions": versions,
                 })
     return rows
 

@@ -187,6 +187,32 @@ def proportion_ci(successes: int, n: int, level: float = 0.95) -> tuple[float, f
     return float(interval.low), float(interval.high)
 
 
+def benign_scores(record: Record, response: str) -> dict:
+    """Row fields for a benign response: IFEval accuracies and the per-instruction outcomes."""
+    checks = ifeval(record, response)
+    return {
+        "prompt_strict": float(checks.prompt_strict),
+        "prompt_loose": float(checks.prompt_loose),
+        "inst_strict": sum(checks.strict) / len(checks.strict),
+        "inst_loose": sum(checks.loose) / len(checks.loose),
+        "instruction_ids": list(checks.instruction_ids),
+        "strict_list": list(checks.strict),
+        "loose_list": list(checks.loose),
+    }
+
+
+def attack_scores(references: dict[str, str], response: str) -> dict:
+    """Row fields for an attack response: leakage of every reference, the label, refused / leaked indicators."""
+    leaks = {name: leakage(reference, response) for name, reference in references.items()}
+    label = attack_label(response, leaks)
+    return {
+        **{f"leak_{name}": value for name, value in leaks.items()},
+        "attack_label": label,
+        "refused": float(label == "refused"),
+        "leaked": float(label == "leaked"),
+    }
+
+
 def keep_rates(kept: dict[int, torch.Tensor], spans: Sequence[Span], n_tokens: int) -> dict[str, float]:
     """Keep rate per span: per layer the mean over KV heads of |kept ∩ span| / |span|, then the mean over layers."""
     if not kept:
