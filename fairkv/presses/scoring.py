@@ -9,9 +9,10 @@ we rank by position instead (sinks first, then recency), which keeps exactly kvp
 another span's keys. Scores are only compared within a span. Shapes: attentions (batch, heads, n, n); scores
 (batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
 
-Differs from the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
-is the last prompt token; here each span's window and anchor are the span's own tail (the suffix belongs to the last
-span, as in the paper's span definition), for any number of spans.
+Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
+is the last prompt token. Here each span's window and anchor are the span's own tail (Appendix F.4, F.7) for any
+number of spans; since the paper's spans absorb the template suffix into the last span, the last span's tail is the
+prompt's tail, as in their code, and every earlier span uses its own tail, as in the paper.
 """
 
 from __future__ import annotations
