@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the mitigation-overhead measurement")
     args = parser.parse_args()
 

@@ -76,7 +76,7 @@ class Grid:
     max_new_tokens: int = 32
     benign_tokens: int | None = None  # override for the benign query (IFEval needs longer answers)
     int8: bool = False
-    batch_size: int = 64
+    batch_size: int = 32
     note: str = field(default="", compare=False)  # which corners the profile cuts
 
     def __post_init__(self):
@@ -122,7 +122,7 @@ PROFILES: dict[str, Grid] = {
     ),
     "cpu": Grid(
         model="qwen2.5-coder-1.5b", n_prompts=12, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=48,
-        variants=("base", "whitelist", "fair"),
+        variants=("base", "whitelist", "fair"), batch_size=32,
         note="Qwen2.5-Coder-1.5B fp32, 12 prompts (paper: 539 / 100), ratios 0-0.7 in 4 steps (paper: 10), "
         "48 new tokens (paper: 1280 / 256), normal order only; estimated about an hour on 2 CPU cores",
     ),
@@ -178,7 +178,7 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
     done = store.rows()
     units = [(record, order) for record in records for order in grid.orders]
     # prompts decoded together: enough to fill a batch with their settings (rows are written group by group)
-    group = max(1, grid.batch_size // (len(settings) * len(grid.queries)))
+    group = max(1, grid.batch_size // len(settings))
     bar = tqdm(total=len(units) * len(settings) * len(grid.queries), desc="rows", unit="row", disable=not progress)
     for first in range(0, len(units), group):
         work = []
@@ -203,9 +203,9 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
 
 def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
     """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
-    from it, then the (cache, query) pairs decoded in batches across the group."""
+    from it, then each query kind decoded in batches across the group."""
     versions = metrics.versions()
-    items = []  # (record, order, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
+    items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
     for record, order, missing, ids in work:
         prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
         policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
@@ -213,13 +213,13 @@ def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
         cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = []
-    for budget in sorted({grid.tokens_for(q) for q in grid.queries}):  # queries with one token budget decode together
-        todo = [item for item in items if grid.tokens_for(item[6]) == budget]
+    for query in grid.queries:  # one query kind at a time: its token budget is shared by the batch
+        todo = [item for item in items if item[6] == query]
         for chunk in range(0, len(todo), grid.batch_size):
             batch = todo[chunk : chunk + grid.batch_size]
-            pairs = [(c, p.query_ids(r.user if q == "benign" else attack)) for r, _, p, _, _, c, q, _ in batch]
-            answers = generation.answer_batch(lm, pairs, budget)
-            for (record, order, prompt, prefilled, setting, compressed, query, cid), reply in zip(batch, answers):
+            pairs = [(c, p.query_ids(r.user if query == "benign" else attack)) for r, _, p, _, _, c, _, _ in batch]
+            answers = generation.answer_batch(lm, pairs, grid.tokens_for(query))
+            for (record, order, prompt, prefilled, setting, compressed, _, cid), reply in zip(batch, answers):
                 rows.append({
                     "cell_id": cid,
                     **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
