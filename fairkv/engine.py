@@ -24,7 +24,7 @@ from fairkv.generation import Compressed, check_policy_fits
 from fairkv.models import LoadedModel
 from fairkv.presses import check_ratio, make_press
 from fairkv.presses.scoring import ranking_scores, span_local_scores
-from fairkv.presses.selection import check_variant_inputs, choose
+from fairkv.presses.selection import check_variant_inputs, choose, gather_kept
 from fairkv.prompts import Prompt
 
 STREAMING = "streamingllm"
@@ -110,7 +110,6 @@ def cut(
         indices = choose(
             scores, (batch, heads, n), ratio, variant, lam, spans, prompt.protected, keep_only_whitelist
         ).to(keys.device)
-        kept[layer] = indices.sort(dim=-1).values
-        gather = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-        cache.update(keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous(), layer)
+        kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
+        cache.update(kept_keys, kept_values, layer)
     return Compressed(cache, prompt.n_tokens, kept, time.perf_counter() - start, policy, ratio, variant, lam)

@@ -1,9 +1,10 @@
-"""One system prompt through policies and ratios: compress once per cell, answer the benign and the attack query.
+"""One system prompt through policies and ratios: one prefill scores every policy (``engine``), each cell is cut from
+it, then the benign and the attack query are answered at batch size 1.
 
 Each cell (policy, ratio) yields one row: the two responses, IFEval accuracy of the benign response, ROUGE-L leakage
 of the attack response against every span's reference (directive, defense), keep rate per span, and timings. The
-uncompressed cell (r = 0) is computed once, without a press, and shared by every policy (a ScorerPress at r = 0 keeps
-everything; a test checks the responses are identical).
+uncompressed cell (r = 0) is computed once and shared by every policy (a ScorerPress at r = 0 keeps everything; a
+test checks the responses are identical).
 
 Scope: a single prompt, serially; sweeps over many prompts with a results store are the experiment engine's job.
 """
@@ -17,9 +18,9 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from fairkv import metrics
+from fairkv import engine, metrics
 from fairkv.data import Record
-from fairkv.generation import Compressed, answer, compress
+from fairkv.generation import Compressed, answer
 from fairkv.models import LoadedModel
 from fairkv.presses import check_ratio, get_policy
 from fairkv.prompts import Prompt
@@ -74,7 +75,7 @@ def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens
         **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "benign_response": benign.text,
         "attack_response": attacked.text,
-        "compress_s": compressed.seconds,
+        "cut_s": compressed.seconds,
         "decode_s": benign.seconds + attacked.seconds,
         "new_tokens": benign.n_tokens + attacked.n_tokens,
     }
@@ -95,10 +96,11 @@ def evaluate_prompt(
     ratios = sorted({check_ratio(r) for r in ratios})
     for policy in policies:
         get_policy(policy)
+    prefilled = engine.prefill(lm, prompt, tuple(policies))  # scores every policy once (score once, cut many)
     bar = tqdm(total=len(policies) * sum(r > 0 for r in ratios) + (0.0 in ratios), desc="cells", disable=not progress)
     baseline = None
     if 0.0 in ratios:
-        baseline = _row(lm, record, prompt, compress(lm, prompt, None), attack, max_new_tokens)
+        baseline = _row(lm, record, prompt, engine.cut(prefilled, None, 0.0), attack, max_new_tokens)
         bar.update()
     rows, maps = [], {}
     for policy in policies:
@@ -107,7 +109,7 @@ def evaluate_prompt(
                 rows.append({"policy": policy, "ratio": 0.0, **baseline})
                 maps[(policy, 0.0)] = metrics.keep_map({}, prompt.n_tokens)
                 continue
-            compressed = compress(lm, prompt, policy, ratio)
+            compressed = engine.cut(prefilled, policy, ratio)
             rows.append({"policy": policy, "ratio": ratio, **_row(lm, record, prompt, compressed, attack, max_new_tokens)})
             maps[(policy, ratio)] = metrics.keep_map(compressed.kept, prompt.n_tokens)
             bar.update()

@@ -16,7 +16,7 @@ from torch import nn
 
 from fairkv.presses.registry import check_variant
 from fairkv.presses.scoring import ranking_scores, span_local_scores
-from fairkv.presses.selection import check_lam, check_spans, choose
+from fairkv.presses.selection import check_lam, check_spans, choose, gather_kept
 
 
 @dataclass
@@ -65,6 +65,5 @@ class RecordingPress(BasePress):
             lambda kind: scorers[kind](), (batch, heads, n), self.compression_ratio, self.variant, self.lam,
             self.spans, self.protected, self.keep_only_whitelist,
         ).to(keys.device)
-        self.kept[module.layer_idx] = indices.sort(dim=-1).values
-        gather = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-        return keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous()
+        keys, values, self.kept[module.layer_idx] = gather_kept(keys, values, indices)
+        return keys, values

@@ -100,6 +100,13 @@ def choose(
     return fair_select(base, scores("local"), n_kept, spans, whitelist, lam)
 
 
+def gather_kept(keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
+    """Keep ``indices`` (batch, kv_heads, n_kept) of keys and values (batch, kv_heads, n, head_dim), in that order;
+    return the kept keys, values and the sorted positions (what is recorded)."""
+    gather = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+    return keys.gather(2, gather).contiguous(), values.gather(2, gather).contiguous(), indices.sort(dim=-1).values
+
+
 def topk_select(scores: torch.Tensor, n_kept: int) -> torch.Tensor:
     """ScorerPress's rule: the n_kept highest scores per head (kvpress's top-k order)."""
     return scores.topk(n_kept, dim=-1).indices
