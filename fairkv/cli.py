@@ -1,7 +1,9 @@
 """Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill.
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
-papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``results/notebooks/``.
+papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
+point to ``figures/<profile>/``). ``-p profile cpu`` runs the embedded-default reproduction
+(Qwen2.5-Coder-1.5B), ``-p profile paper -p model <HF id>`` the paper's scale on a GPU.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import papermill
 import yaml
 
-from fairkv.paths import REPO_ROOT, results_dir
+from fairkv.paths import REPO_ROOT, reports_dir
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 
@@ -24,13 +26,13 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
         if not notebooks:
             raise SystemExit(f"no notebook matches {names}; available: {[nb.name for nb in sorted(NOTEBOOKS.glob('*.ipynb'))]}")
-    out_dir = results_dir() / "notebooks"
+    out_dir = reports_dir() / str((parameters or {}).get("profile", "ci"))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for notebook in notebooks:
         target = out_dir / notebook.name
         print(f"running {notebook.name} -> {target}", flush=True)
-        papermill.execute_notebook(str(notebook), str(target), parameters=parameters or {}, cwd=str(NOTEBOOKS))
+        papermill.execute_notebook(str(notebook), str(target), parameters=parameters or {}, cwd=str(out_dir))
         written.append(str(target))
     return written
 

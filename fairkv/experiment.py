@@ -32,7 +32,7 @@ from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
 from fairkv.store import ResultsStore
 
-QUERIES = ("benign", "attack")
+QUERIES = ("benign", "attack", "keep")  # keep: no decoding, the row holds the keep rates and timings only
 
 
 class GridError(ValueError):
@@ -72,7 +72,7 @@ class Grid:
     variants: tuple[str, ...] = ("base",)
     lams: tuple[float, ...] = (1.0,)
     ratios: tuple[float, ...] = (0.0, 0.5)
-    queries: tuple[str, ...] = QUERIES
+    queries: tuple[str, ...] = ("benign", "attack")
     max_new_tokens: int = 32
     benign_tokens: int | None = None  # override for the benign query (IFEval needs longer answers)
     int8: bool = False
@@ -96,6 +96,8 @@ class Grid:
                 raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)}")
 
     def tokens_for(self, query: str) -> int:
+        if query == "keep":
+            return 0
         return self.benign_tokens if query == "benign" and self.benign_tokens else self.max_new_tokens
 
     def requested(self) -> list[tuple[str, str, float, float]]:
@@ -212,26 +214,32 @@ def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
         prefilled = engine.prefill(lm, prompt, policies)
         cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
-    rows = []
-    for query in grid.queries:  # one query kind at a time: its token budget is shared by the batch
+    rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
+    for query in ("benign", "attack"):  # one query kind at a time: its token budget is shared by the batch
         todo = [item for item in items if item[6] == query]
         for chunk in range(0, len(todo), grid.batch_size):
             batch = todo[chunk : chunk + grid.batch_size]
             pairs = [(c, p.query_ids(r.user if query == "benign" else attack)) for r, _, p, _, _, c, _, _ in batch]
             answers = generation.answer_batch(lm, pairs, grid.tokens_for(query))
-            for (record, order, prompt, prefilled, setting, compressed, _, cid), reply in zip(batch, answers):
-                rows.append({
-                    "cell_id": cid,
-                    **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
-                    "n_prefix": prompt.n_tokens,
-                    **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
-                    "response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds,
-                    "prefill_s": prefilled.seconds, "cut_s": compressed.seconds,
-                    **(metrics.benign_scores(record, reply.text) if query == "benign"
-                       else metrics.attack_scores(prompt.references, reply.text)),
-                    "versions": versions,
-                })
+            rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(batch, answers)]
     return rows
+
+
+def _row(grid: Grid, lm, item, versions: dict, reply: generation.Answer | None = None) -> dict:
+    """One store row: identity, keep rates, timings and (for a decoded query) the response and its scores."""
+    record, order, prompt, prefilled, setting, compressed, query, cid = item
+    row = {
+        "cell_id": cid,
+        **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
+        "n_prefix": prompt.n_tokens,
+        **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
+        "prefill_s": prefilled.seconds, "cut_s": compressed.seconds, "versions": versions,
+    }
+    if reply is not None:
+        row.update({"response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds})
+        row.update(metrics.benign_scores(record, reply.text) if query == "benign"
+                   else metrics.attack_scores(prompt.references, reply.text))
+    return row
 
 
 def _collect(grid: Grid, records, done: dict[str, dict], checksum) -> pd.DataFrame:

@@ -5,6 +5,7 @@ Plot functions read and write no files; every figure names the model and the sam
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -26,6 +27,35 @@ def save(fig: plt.Figure, name: str, folder: Path | None = None) -> list[Path]:
     for path in paths:
         fig.savefig(path, bbox_inches="tight", dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
     return paths
+
+
+def output_dir(profile: str, output: str | Path | None = None) -> Path:
+    """Where a notebook writes: ``output`` when given, else ``<figures>/<profile>/`` (so CI's small runs never
+    overwrite the committed cpu-profile figures)."""
+    return Path(output) if output else figures_dir() / profile
+
+
+def publish(fig: plt.Figure, name: str, folder: Path):
+    """Save the figure (PNG and PDF), close it, and return a Markdown link to the PNG for the notebook to show.
+
+    The notebook keeps a link, not the image, so stored outputs stay small and the PNG in ``folder`` is the one
+    figure of record. The link is relative to the working directory (notebooks/ and reports/ are siblings).
+    """
+    from IPython.display import Markdown
+
+    png = save(fig, name, folder)[0]
+    plt.close(fig)
+    return Markdown(f"![{name}]({os.path.relpath(png)})")
+
+
+def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digits: int = 4) -> list[Path]:
+    """Write ``name``.csv and ``name``.md under ``folder``/tables (default: the figures directory's)."""
+    folder = (Path(folder) if folder is not None else figures_dir()) / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    csv, markdown = folder / f"{name}.csv", folder / f"{name}.md"
+    table.to_csv(csv, index=False)
+    markdown.write_text(table.round(digits).to_markdown(index=False) + "\n")
+    return [csv, markdown]
 
 
 def keep_map_figure(evaluation: Evaluation) -> plt.Figure:
@@ -96,3 +126,87 @@ def leakage_figure(rows: pd.DataFrame, title: str, hue: str = "policy", referenc
 def describe(model: str, rows: pd.DataFrame, extra: str = "") -> str:
     """A figure title naming the model and the sample size (number of distinct prompts)."""
     return f"model {model}, n = {rows['key'].nunique()} prompt(s){', ' + extra if extra else ''}"
+
+
+def _label_policies(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.assign(policy=rows["policy"].map(lambda p: get_policy(p).label))
+
+
+def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
+    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised."""
+    long = accuracy.melt(
+        id_vars=["prompts", "class", "ratio"], value_vars=["accuracy", "normalised"], var_name="scale", value_name="value"
+    )
+    grid = sns.relplot(
+        data=long, x="ratio", y="value", hue="class", row="prompts", col="scale", kind="line", marker="o",
+        height=2.8, aspect=1.4, facet_kws={"sharey": False}, row_order=["single", "multi"],
+    )
+    grid.set_axis_labels("compression ratio r", "accuracy")
+    grid.set_titles("{row_name}-instruction prompts, {col_name}")
+    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    return grid.figure
+
+
+def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figure:
+    """Fig 2b / Fig 3 right: Spearman rho(r) of the instruction-class ranking, one line per ``hue`` value."""
+    rhos = _label_policies(rhos) if hue == "policy" else rhos
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax)
+    ax.set_xlabel("compression ratio r")
+    ax.set_ylabel("Spearman rho vs r = 0")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 7 and 10: keep rate of the defense and the directive span vs r; columns policies, rows orders."""
+    long = _label_policies(rows).melt(
+        id_vars=["key", "policy", "order", "ratio"], value_vars=["keep_defense", "keep_directive"],
+        var_name="span", value_name="keep rate",
+    )
+    long["span"] = long["span"].str.removeprefix("keep_")
+    grid = sns.relplot(
+        data=long, x="ratio", y="keep rate", hue="span", col="policy", row="order", kind="line", marker="o",
+        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.5, aspect=1.0,
+    )
+    grid.set_axis_labels("compression ratio r", "keep rate")
+    grid.set_titles("{col_name}, {row_name} order")
+    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    return grid.figure
+
+
+def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str) -> plt.Figure:
+    """Figs 8, 9, 13, 14: each metric (rows of panels) vs r per policy (columns), one line per variant."""
+    long = _label_policies(rows).melt(
+        id_vars=["key", "policy", "variant", "ratio"], value_vars=list(columns), var_name="metric", value_name="value"
+    ).dropna(subset=["value"])
+    long["metric"] = long["metric"].map(columns)
+    grid = sns.relplot(
+        data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
+        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, row_order=list(columns.values()),
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}: {row_name}", size=8)
+    grid.set(ylim=(-0.05, 1.05))
+    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    return grid.figure
+
+
+def lambda_plane_figure(plane: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 15-18: directive accuracy against directive leakage, one panel per ratio, one point per lambda."""
+    plane = _label_policies(plane)
+    ratios = sorted(plane["ratio"].unique())
+    fig, axes = plt.subplots(1, len(ratios), figsize=(3.0 * len(ratios), 3.2), sharex=True, sharey=True, squeeze=False)
+    for ax, ratio in zip(axes[0], ratios):
+        frame = plane[plane["ratio"] == ratio]
+        sns.scatterplot(data=frame, x="leakage", y="accuracy", hue="lam", style="policy", palette="viridis", ax=ax,
+                        legend=ax is axes[0][-1], s=60)
+        ax.set_title(f"r = {ratio:g}", fontsize=9)
+        ax.set_xlabel("directive leakage")
+    axes[0][0].set_ylabel("directive accuracy")
+    if axes[0][-1].get_legend() is not None:
+        sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -124,7 +124,8 @@ def answer_batch(
     """Greedy answers to many (compressed cache, query ids (1, q)) pairs decoded together.
 
     Caches of different lengths are left-padded and masked; queries are left-padded and masked; every sequence keeps
-    its original positions (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token.
+    its original positions (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token,
+    leaving the batch (later steps cost only the sequences still running).
     The compressed caches are not modified, so one cache serves any number of queries. With one item this is
     kvpress's pipeline decode (``generate_answer``).
     """
@@ -143,24 +144,30 @@ def answer_batch(
         query_mask[i, q_len - q :] = 1
         positions[i, q_len - q :] = torch.arange(compressed.n_prefix, compressed.n_prefix + q)
     mask = torch.cat([cache_mask, query_mask], dim=1).to(device)
-    next_position = positions[:, -1:].to(device) + 1
     logits = lm.model(
         input_ids=input_ids.to(device), past_key_values=cache, attention_mask=mask,
         position_ids=positions.to(device), logits_to_keep=1,
     ).logits
+    positions = positions[:, -1:].to(device) + 1  # (batch, 1): each sequence's first generated position
     generated: list[list[int]] = [[] for _ in items]
-    done = [False] * len(items)
+    active = list(range(len(items)))  # original index of each row still in the batch
     for step in range(max_new_tokens):
         tokens = logits[:, -1].argmax(dim=-1)
-        for i, token in enumerate(tokens.tolist()):
-            if not done[i]:
-                generated[i].append(token)
-                done[i] = token in stops
-        if all(done) or step == max_new_tokens - 1:
+        running = []  # rows (of the current batch) whose sequence goes on
+        for row, token in enumerate(tokens.tolist()):
+            generated[active[row]].append(token)
+            if token not in stops:
+                running.append(row)
+        if not running or step == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, mask.new_ones(len(items), 1)], dim=1)
+        if len(running) < len(active):  # finished sequences leave the batch: later steps cost only the rest
+            keep = torch.tensor(running, device=device)
+            cache.batch_select_indices(keep)
+            mask, positions, tokens = mask[keep], positions[keep], tokens[keep]
+            active = [active[row] for row in running]
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
         logits = lm.model(
-            input_ids=tokens.unsqueeze(1), past_key_values=cache, attention_mask=mask, position_ids=next_position + step
+            input_ids=tokens.unsqueeze(1), past_key_values=cache, attention_mask=mask, position_ids=positions + step
         ).logits
     seconds = (time.perf_counter() - start) / len(items)
     return [

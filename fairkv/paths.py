@@ -6,6 +6,7 @@ Paths are rooted at the repository (for notebooks, figures and results) or come 
 - ``FAIRKV_CACHE_DIR``: converted model weights and NLTK tables; default ``~/.cache/fairkv``.
 - ``FAIRKV_RESULTS_DIR``: results store; default ``<repo>/results``.
 - ``FAIRKV_FIGURES_DIR``: figures and tables; default ``<repo>/figures``.
+- ``FAIRKV_REPORTS_DIR``: executed notebooks (``fairkv reproduce``); default ``<repo>/reports``.
 """
 
 from __future__ import annotations
@@ -39,3 +40,7 @@ def results_dir() -> Path:
 
 def figures_dir() -> Path:
     return _from_env("FAIRKV_FIGURES_DIR", REPO_ROOT / "figures")
+
+
+def reports_dir() -> Path:
+    return _from_env("FAIRKV_REPORTS_DIR", REPO_ROOT / "reports")

@@ -90,3 +90,14 @@ def test_profiles_and_bad_grids():
         tiny(queries=("benign", "jailbreak"))
     with pytest.raises(ValueError, match="outside"):
         tiny(ratios=(0.0, 1.0))
+
+
+def test_keep_rows_decode_nothing_and_match_the_decoded_rows(smollm, tmp_path, monkeypatch):
+    decoded = experiment.run(tiny(), tmp_path, progress=False, lm=smollm)
+    monkeypatch.setattr(experiment.generation, "answer_batch", lambda *a, **k: pytest.fail("keep rows decoded"))
+    kept = experiment.run(tiny(queries=("keep",)), tmp_path, progress=False, lm=smollm)
+    assert set(kept["query"]) == {"keep"} and "response" not in kept
+    columns = ["key", "policy", "variant", "lam", "ratio", "keep_defense", "keep_directive"]
+    benign = decoded[decoded["query"] == "benign"][columns].reset_index(drop=True)
+    assert kept[columns].reset_index(drop=True).equals(benign)  # same settings, same kept sets
+    assert (kept["keep_defense"] < 1).any()

@@ -1,0 +1,169 @@
+"""Analysis of result rows (``experiment.run``'s long format): the paper's derived quantities.
+
+- ``class_accuracy``: IFEval accuracy per instruction class, single- vs multi-instruction prompts, raw and normalised
+  by the class's accuracy at r = 0 (Section 4.1, Fig 2a).
+- ``spearman``: rank correlation rho(r) between the classes' accuracies at r = 0 and at r (Fig 2b, Fig 3).
+- ``means``: mean of a metric per setting with a 95% interval (Wilson for 0/1 metrics, seeded bootstrap otherwise);
+  the paper reports none, we do.
+- ``composite`` and ``table1``: the composite score of a mitigation against its base policy (Section 6, Table 1).
+- ``pareto_frequency``: per lambda, the share of ratios where it is Pareto-optimal in (accuracy, leakage)
+  (Appendix H, Tables 3-4).
+
+Functions take and return DataFrames; none reads or writes files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from fairkv.metrics import instruction_class, proportion_ci
+
+SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
+BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked"}  # 0/1 per prompt: Wilson intervals
+ACCURACY, LEAKAGE = "prompt_strict", "leak_directive"  # the paper's directive accuracy and directive leakage
+
+
+class AnalysisError(ValueError):
+    """Rows that cannot give the asked quantity (a missing query kind, ratio or variant)."""
+
+
+def _query(rows: pd.DataFrame, query: str) -> pd.DataFrame:
+    picked = rows[rows["query"] == query]
+    if picked.empty:
+        raise AnalysisError(f"no {query!r} rows: run a grid whose queries include {query!r}")
+    return picked
+
+
+def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (seeded, so tables are reproducible)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    draws = np.random.default_rng(seed).choice(values, size=(n_boot, len(values))).mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
+
+
+def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.DataFrame:
+    """Mean of ``metric`` per setting (``by``, default SETTING) over prompts, with n and a 95% interval."""
+    by = by or SETTING
+    picked = rows.dropna(subset=[metric]) if metric in rows else rows.iloc[:0]
+    if picked.empty:
+        raise AnalysisError(f"no rows carry {metric!r}")
+    out = []
+    for key, group in picked.groupby(by, sort=True):
+        values = group[metric].to_numpy(dtype=float)
+        if metric in BINARY:
+            low, high = proportion_ci(int(values.sum()), len(values))
+        else:
+            low, high = bootstrap_ci(values)
+        out.append({**dict(zip(by, key)), "mean": values.mean(), "low": low, "high": high, "n": len(values)})
+    return pd.DataFrame(out)
+
+
+def interval_table(rows: pd.DataFrame, metric: str, index: str = "policy", columns: str = "ratio", digits: int = 2) -> pd.DataFrame:
+    """``metric`` as "mean [low, high]" (95% interval) with ``index`` down and ``columns`` across; the rows must hold
+    one setting per (index, column) pair."""
+    table = means(rows, metric, by=[index, columns])
+    table["cell"] = [f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for m, lo, hi in zip(table["mean"], table["low"], table["high"])]
+    return table.pivot(index=index, columns=columns, values="cell")
+
+
+def class_accuracy(rows: pd.DataFrame, strict: bool = True, split: bool = True) -> pd.DataFrame:
+    """Accuracy per instruction class and ratio, for single- and multi-instruction prompts (Fig 2a).
+
+    Columns: SETTING without ratio, ``prompts`` (single / multi; "all" when ``split`` is False), ``class``, ``ratio``, ``accuracy`` (passes /
+    instructions of that class), ``n`` (instructions), ``normalised`` (accuracy / accuracy at r = 0; NaN where the
+    class scored 0 at r = 0).
+    """
+    benign = _query(rows, "benign")
+    outcomes = "strict_list" if strict else "loose_list"
+    exploded = []
+    for row in benign.itertuples():
+        kind = ("single" if len(row.instruction_ids) == 1 else "multi") if split else "all"
+        for instruction, ok in zip(row.instruction_ids, getattr(row, outcomes)):
+            exploded.append((row.policy, row.variant, row.lam, row.order, row.ratio, kind, instruction_class(instruction), float(ok)))
+    frame = pd.DataFrame(exploded, columns=[*SETTING, "prompts", "class", "followed"])
+    group = [c for c in SETTING if c != "ratio"] + ["prompts", "class"]
+    accuracy = frame.groupby([*group, "ratio"])["followed"].agg(accuracy="mean", n="size").reset_index()
+    at_zero = accuracy[accuracy["ratio"] == 0.0].set_index(group)["accuracy"]
+    if at_zero.empty:
+        raise AnalysisError("class accuracy needs r = 0 among the ratios (normalisation and rho use it)")
+    zero = accuracy.set_index(group).index.map(at_zero.get)
+    accuracy["normalised"] = accuracy["accuracy"] / pd.Series(zero, index=accuracy.index).replace(0.0, np.nan)
+    return accuracy
+
+
+def spearman(accuracy: pd.DataFrame) -> pd.DataFrame:
+    """rho(r): Spearman correlation across instruction classes of accuracy at r = 0 and at r (Fig 2b, Fig 3 right).
+
+    One value per setting, prompt kind and ratio; NaN where fewer than 3 classes or a constant ranking.
+    """
+    group = [c for c in SETTING if c != "ratio"] + ["prompts"]
+    out = []
+    for key, frame in accuracy.groupby(group, sort=True):
+        table = frame.pivot(index="class", columns="ratio", values="accuracy")
+        for ratio in table.columns:
+            pair = pd.DataFrame({"zero": table[0.0], "at": table[ratio]}).dropna()
+            constant = pair["zero"].nunique() < 2 or pair["at"].nunique() < 2
+            rho = np.nan if len(pair) < 3 or constant else stats.spearmanr(pair["zero"], pair["at"]).statistic
+            out.append({**dict(zip(group, key)), "ratio": ratio, "rho": rho, "classes": len(pair)})
+    return pd.DataFrame(out)
+
+
+def setting_means(rows: pd.DataFrame) -> pd.DataFrame:
+    """Directive accuracy (benign rows) and directive leakage (attack rows) per setting, side by side."""
+    accuracy = _query(rows, "benign").groupby(SETTING)[ACCURACY].mean().rename("accuracy")
+    leakage = _query(rows, "attack").groupby(SETTING)[LEAKAGE].mean().rename("leakage")
+    return pd.concat([accuracy, leakage], axis=1).reset_index()
+
+
+def composite(rows: pd.DataFrame, variant: str, base: str = "base") -> pd.DataFrame:
+    """Composite score of ``variant`` against ``base`` per policy, order and ratio (Section 6):
+    0.5 (a_variant - a_base) + 0.5 (l_base - l_variant), a = directive accuracy, l = directive leakage."""
+    table = setting_means(rows)
+    index = ["policy", "order", "ratio"]
+    for name in (variant, base):
+        if name not in set(table["variant"]):
+            raise AnalysisError(f"no rows of variant {name!r}: the grid's variants are {sorted(set(table['variant']))}")
+    ours = table[table["variant"] == variant].set_index(index)
+    theirs = table[table["variant"] == base].set_index(index)
+    score = 0.5 * (ours["accuracy"] - theirs["accuracy"]) + 0.5 * (theirs["leakage"] - ours["leakage"])
+    return score.rename("score").dropna().reset_index().assign(variant=variant)
+
+
+def table1(rows: pd.DataFrame, ratios: tuple[float, ...], variants: tuple[str, ...] = ("whitelist", "fair")) -> pd.DataFrame:
+    """Table 1: composite score per policy and variant, mean and std (numpy's, ddof 0) over ``ratios``.
+
+    Only the ratios the rows hold are used; the table says which in its ``ratios`` column.
+    """
+    scores = pd.concat([composite(rows, v) for v in variants])
+    scores = scores[scores["ratio"].isin(ratios)]
+    if scores.empty:
+        raise AnalysisError(f"none of the ratios {ratios} is in the rows")
+    out = scores.groupby(["policy", "order", "variant"])["score"].agg(
+        mean="mean", std=lambda s: float(np.std(s)), ratios=lambda s: len(s)
+    )
+    return out.reset_index()
+
+
+def pareto_frequency(rows: pd.DataFrame) -> pd.DataFrame:
+    """Appendix H: at each ratio, lambda is optimal if no other lambda has both lower leakage and higher accuracy;
+    per policy and order, the share of ratios where each lambda is optimal."""
+    table = setting_means(rows)
+    table = table[table["variant"].str.startswith("fair")]
+    out = []
+    for (policy, order, ratio), frame in table.groupby(["policy", "order", "ratio"]):
+        for point in frame.itertuples():
+            dominated = ((frame["leakage"] < point.leakage) & (frame["accuracy"] > point.accuracy)).any()
+            out.append({"policy": policy, "order": order, "ratio": ratio, "lam": point.lam, "optimal": not dominated})
+    frame = pd.DataFrame(out)
+    return frame.groupby(["policy", "order", "lam"])["optimal"].agg(frequency="mean", ratios="size").reset_index()
+
+
+def lambda_plane(rows: pd.DataFrame) -> pd.DataFrame:
+    """Directive accuracy and leakage per policy, order, lambda and ratio (the points of Figs 15-18)."""
+    table = setting_means(rows)
+    return table[table["variant"].str.startswith("fair")].reset_index(drop=True)

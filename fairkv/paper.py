@@ -1,0 +1,248 @@
+"""The paper's headline numbers beside ours: one "paper vs us" table per notebook, written by code.
+
+Each function takes our rows (or their analysis) and returns a table with one claim per row: the claim, the paper's
+number (read off its figures, approximate, Llama-3.1-8B unless noted; tables exact; ../shared/PAPER.md), ours for the
+same quantity on our model and profile, and whether the qualitative claim holds here. Where the paper quotes a ratio
+our profile lacks, the nearest ratio we ran is used and named. ``verdict`` turns a table into the one sentence each
+notebook ends with.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fairkv import analysis
+from fairkv.presses import get_policy
+
+
+# Table 1 of the paper (Llama-3.1-8B): composite score, mean and std over r in {0.4, 0.5, 0.6, 0.7}
+TABLE1 = {
+    ("streamingllm", "whitelist"): (0.1963, 0.0427), ("snapkv", "whitelist"): (0.0513, 0.0363),
+    ("tova", "whitelist"): (0.0282, 0.0116), ("h2o", "whitelist"): (0.0201, 0.0136),
+    ("knorm", "whitelist"): (0.0014, 0.0045), ("streamingllm", "fair"): (0.2201, 0.0620),
+    ("snapkv", "fair"): (0.0468, 0.0124), ("tova", "fair"): (0.0247, 0.0298), ("h2o", "fair"): (0.0064, 0.0133),
+    ("knorm", "fair"): (0.0236, 0.0071),
+}
+
+
+def table1_beside(ours: pd.DataFrame) -> pd.DataFrame:
+    """Table 1, the paper's entries beside ours (``analysis.table1``), as "mean ± std" per policy and variant."""
+    out = []
+    for row in ours.itertuples():
+        theirs = TABLE1.get((row.policy, row.variant))
+        out.append({
+            "policy": _label(row.policy), "order": row.order, "variant": row.variant,
+            "paper (Llama-3.1-8B)": f"{theirs[0]:+.4f} ± {theirs[1]:.4f}" if theirs else "",
+            "ours": f"{row.mean:+.4f} ± {row.std:.4f}", "ratios": row.ratios,
+        })
+    return pd.DataFrame(out)
+
+
+def _claim(claim: str, paper: str, ours: str, holds: bool) -> dict:
+    return {"claim": claim, "paper": paper, "ours": ours, "holds": bool(holds)}
+
+
+def _curve(rows: pd.DataFrame, metric: str, **match) -> pd.Series:
+    """Mean of ``metric`` over prompts per ratio, for the rows matching ``match`` (column=value)."""
+    picked = rows.dropna(subset=[metric])
+    for column, value in match.items():
+        picked = picked[picked[column] == value]
+    if picked.empty:
+        raise analysis.AnalysisError(f"no rows with {metric!r} for {match}")
+    return picked.groupby("ratio")[metric].mean()
+
+
+def _at(curve: pd.Series, ratio: float) -> tuple[float, float]:
+    """(nearest ratio we ran, value there)."""
+    nearest = float(curve.index[np.argmin(np.abs(curve.index.to_numpy() - ratio))])
+    return nearest, float(curve[nearest])
+
+
+def _label(policy: str) -> str:
+    return get_policy(policy).label
+
+
+def verdict(table: pd.DataFrame, model: str, profile: str, n: int) -> str:
+    """One sentence: how many of the notebook's claims reproduce, and which do not."""
+    failed = table.loc[~table["holds"], "claim"].tolist()
+    held = int(table["holds"].sum())
+    tail = "all hold." if not failed else "not reproduced: " + "; ".join(failed) + "."
+    return f"On {model} ({profile} profile, n = {n} prompts) {held} of {len(table)} claims reproduce; {tail}"
+
+
+def pitfall1(accuracy: pd.DataFrame, rhos: pd.DataFrame) -> pd.DataFrame:
+    """Fig 2: classes degrade unevenly, more so with several instructions; rho falls sooner for multi."""
+    top = accuracy["ratio"].max()
+    at_top = accuracy[accuracy["ratio"] == top]
+    spread = at_top.groupby("prompts")["normalised"].agg(lambda s: s.max() - s.min())
+    rho = rhos[rhos["ratio"] > 0].groupby("prompts")["rho"].mean()
+    return pd.DataFrame([
+        _claim(
+            f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
+            "larger for multi", f"single {spread.get('single', np.nan):.2f}, multi {spread.get('multi', np.nan):.2f}",
+            spread.get("multi", np.nan) > spread.get("single", np.nan),
+        ),
+        _claim(
+            "rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
+            f"single {rho.get('single', np.nan):.2f}, multi {rho.get('multi', np.nan):.2f}",
+            rho.get("multi", np.nan) < rho.get("single", np.nan),
+        ),
+    ])
+
+
+def pitfall2(rows: pd.DataFrame, rhos: pd.DataFrame) -> pd.DataFrame:
+    """Fig 3: TOVA best and K-Norm worst on accuracy; K-Norm's rho lowest."""
+    benign = rows[(rows["query"] == "benign") & (rows["ratio"] > 0)]
+    accuracy = benign.groupby("policy")[analysis.ACCURACY].mean().sort_values(ascending=False)
+    ranking = ", ".join(f"{_label(p)} {v:.2f}" for p, v in accuracy.items())
+    rho = rhos[rhos["ratio"] > 0].groupby("policy")["rho"].mean().sort_values()
+    return pd.DataFrame([
+        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", ranking, accuracy.index[0] == "tova"),
+        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", ranking, accuracy.index[-1] == "knorm"),
+        _claim(
+            "K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
+            ", ".join(f"{_label(p)} {v:.2f}" for p, v in rho.items()), len(rho) > 0 and rho.index[0] == "knorm",
+        ),
+    ])
+
+
+def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
+    """Figs 4-6: the inverted U of directive leakage, accuracy kept meanwhile, peak order, order effect, defense."""
+    leak = _curve(rows, "leak_directive", policy="streamingllm", order="normal")
+    accuracy = _curve(rows, analysis.ACCURACY, policy="streamingllm", order="normal")
+    peak_r = float(leak.idxmax())
+    interior = leak.index.min() < peak_r < leak.index.max()
+    peaks = {
+        p: _curve(rows, "leak_directive", policy=p, order="normal").max() for p in ("streamingllm", "snapkv", "h2o", "knorm")
+    }
+    order = sorted(peaks, key=peaks.get, reverse=True)
+    normal_r, normal_acc = _at(accuracy, 0.5)
+    _, flipped_acc = _at(_curve(rows, analysis.ACCURACY, policy="streamingllm", order="flipped"), 0.5)
+    defense_peak = _curve(rows, "leak_defense", policy="streamingllm", order="normal").max()
+    return pd.DataFrame([
+        _claim(
+            "StreamingLLM directive leakage is an inverted U in r (peak inside the range, above r = 0)",
+            "~0.5-0.55 at r = 0.4-0.6", f"{leak.iloc[0]:.2f} at r = 0, peak {leak.max():.2f} at r = {peak_r:g}, "
+            f"{leak.iloc[-1]:.2f} at r = {leak.index.max():g}", interior and leak.max() > leak.iloc[0] + 0.05,
+        ),
+        _claim(
+            "the directive is still followed at the leakage peak (accuracy >= 75% of its r = 0 value)",
+            "accuracy ~75-80% at the peak", f"{accuracy[peak_r]:.2f} at r = {peak_r:g} vs {accuracy.iloc[0]:.2f} at r = 0",
+            accuracy.iloc[0] > 0 and accuracy[peak_r] >= 0.75 * accuracy.iloc[0],
+        ),
+        _claim(
+            "peak leakage: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
+            ", ".join(f"{_label(p)} {peaks[p]:.2f}" for p in order), order == ["streamingllm", "snapkv", "h2o", "knorm"],
+        ),
+        _claim(
+            f"flipped order: StreamingLLM directive accuracy falls faster (r = {normal_r:g})", "~40-50% flipped at r = 0.5",
+            f"normal {normal_acc:.2f}, flipped {flipped_acc:.2f}", flipped_acc < normal_acc,
+        ),
+        _claim(
+            "defense leakage has the same shape, lower than directive leakage (StreamingLLM peak)", "peaks ~0.25-0.35",
+            f"defense {defense_peak:.2f} vs directive {leak.max():.2f}", defense_peak < leak.max(),
+        ),
+    ])
+
+
+def pitfall5(rows: pd.DataFrame) -> pd.DataFrame:
+    """Figs 7 and 10: which span each policy keeps at r = 0.5, and the reversal under the flipped order."""
+    def keep(policy, order, span):
+        return _at(_curve(rows, f"keep_{span}", policy=policy, order=order), 0.5)
+
+    r, directive = keep("streamingllm", "normal", "directive")
+    _, defense = keep("streamingllm", "normal", "defense")
+    _, flipped_directive = keep("streamingllm", "flipped", "directive")
+    _, flipped_defense = keep("streamingllm", "flipped", "defense")
+    _, knorm_def = keep("knorm", "normal", "defense")
+    _, knorm_dir = keep("knorm", "normal", "directive")
+    _, knorm_def_f = keep("knorm", "flipped", "defense")
+    _, knorm_dir_f = keep("knorm", "flipped", "directive")
+    _, tova_def = keep("tova", "normal", "defense")
+    _, tova_dir = keep("tova", "normal", "directive")
+    return pd.DataFrame([
+        _claim(
+            f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {r:g}",
+            "directive ~0.90-0.95, defense ~0.40-0.50", f"directive {directive:.2f}, defense {defense:.2f}",
+            directive > defense,
+        ),
+        _claim(
+            "the bias reverses when the order flips (StreamingLLM)", "reverses",
+            f"directive {flipped_directive:.2f}, defense {flipped_defense:.2f}", flipped_defense > flipped_directive,
+        ),
+        _claim(
+            "K-Norm favours the earlier span in both orders", "earlier tokens favoured",
+            f"normal: defense {knorm_def:.2f} / directive {knorm_dir:.2f}; flipped: defense {knorm_def_f:.2f} / "
+            f"directive {knorm_dir_f:.2f}", knorm_def > knorm_dir and knorm_dir_f > knorm_def_f,
+        ),
+        _claim(
+            "TOVA keeps the defense at least as well as the directive though it comes first", "defense kept even when first",
+            f"defense {tova_def:.2f}, directive {tova_dir:.2f}", tova_def >= tova_dir,
+        ),
+    ])
+
+
+def _before_after(rows, variant, policy, ratio, metric="leak_directive"):
+    r, before = _at(_curve(rows, metric, policy=policy, variant="base", order="normal"), ratio)
+    _, after = _at(_curve(rows, metric, policy=policy, variant=variant, order="normal"), ratio)
+    return r, before, after
+
+
+def _accuracy_change(rows, variant) -> float:
+    """Mean |accuracy(variant) - accuracy(base)| over policies and ratios r > 0 (normal order)."""
+    table = analysis.setting_means(rows)
+    table = table[(table["order"] == "normal") & (table["ratio"] > 0)]
+    base = table[table["variant"] == "base"].set_index(["policy", "ratio"])["accuracy"]
+    ours = table[table["variant"] == variant].set_index(["policy", "ratio"])["accuracy"]
+    return float((ours - base).abs().mean())
+
+
+def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
+    """Fig 8 and Fig 13 left: whitelisting the defense phrase cuts leakage and leaves accuracy about unchanged."""
+    out = []
+    for policy, paper in (("streamingllm", "0.5 -> 0.10-0.15 at r = 0.6"), ("snapkv", "0.35 -> 0.05 at r = 0.6")):
+        r, before, after = _before_after(rows, "whitelist", policy, 0.6)
+        out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {r:g})", paper,
+                          f"{before:.2f} -> {after:.2f}", after < before))
+    change = _accuracy_change(rows, "whitelist")
+    out.append(_claim("directive accuracy about unchanged (mean |change| over policies, r > 0, <= 0.05)",
+                      "about unchanged", f"{change:.3f}", change <= 0.05))
+    defense = _curve(rows[rows["ratio"] < 0.6], "leak_defense", variant="whitelist", order="normal")
+    out.append(_claim("defense leakage with the whitelist stays below 0.05 for r < 0.6 (all policies)",
+                      "< 0.05", f"max {defense.max():.3f}", defense.max() < 0.05))
+    return pd.DataFrame(out)
+
+
+def fair_eviction(rows: pd.DataFrame, table: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
+    """Fig 9, Table 1, Fig 14: fair eviction cuts leakage; every composite score positive; order effect smaller."""
+    out = []
+    for policy, paper in (("streamingllm", "0.55 -> 0.25 at r = 0.7"), ("snapkv", "0.40 -> 0.30 at r = 0.7")):
+        r, before, after = _before_after(rows, "fair", policy, 0.7)
+        out.append(_claim(f"fair eviction lowers {_label(policy)} directive leakage (r = {r:g})", paper,
+                          f"{before:.2f} -> {after:.2f}", after < before))
+    positive = int((table["mean"] > 0).sum())
+    out.append(_claim("Table 1: every composite score is positive", "10 of 10 positive (Llama3)",
+                      f"{positive} of {len(table)} positive", positive == len(table)))
+    both = pd.concat([rows, flipped])
+    gaps = {}
+    for variant in ("base", "fair"):
+        r, normal = _at(_curve(both, analysis.ACCURACY, policy="streamingllm", variant=variant, order="normal"), 0.5)
+        _, flip = _at(_curve(both, analysis.ACCURACY, policy="streamingllm", variant=variant, order="flipped"), 0.5)
+        gaps[variant] = abs(normal - flip)
+    out.append(_claim(f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped|, r = {r:g})",
+                      "order effects largely removed", f"base {gaps['base']:.2f}, fair {gaps['fair']:.2f}",
+                      gaps["fair"] < gaps["base"]))
+    return pd.DataFrame(out)
+
+
+def debiasing(frequency: pd.DataFrame) -> pd.DataFrame:
+    """Tables 3-4: lambda = 1 is among the most often Pareto-optimal, and more often than lambda = 0."""
+    out = []
+    for policy, frame in frequency[frequency["order"] == "normal"].groupby("policy"):
+        by_lam = frame.set_index("lam")["frequency"]
+        shown = ", ".join(f"lambda={lam:g}: {v:.0%}" for lam, v in by_lam.items())
+        paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
+        out.append(_claim(f"{_label(policy)}: lambda = 1 among the most often Pareto-optimal, at least as often as "
+                          "lambda = 0", paper, shown, by_lam[1.0] == by_lam.max() and by_lam[1.0] >= by_lam[0.0]))
+    return pd.DataFrame(out)

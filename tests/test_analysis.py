@@ -1,0 +1,111 @@
+"""The paper's derived quantities on hand-worked examples (expected numbers written out), and the studies' grids."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairkv import analysis, experiment, paper, studies
+
+
+def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
+    return {"policy": policy, "variant": variant, "lam": lam, "order": order, "ratio": ratio, "query": query, "key": key,
+            **fields}
+
+
+def test_composite_and_table1_by_hand():
+    """Base: accuracy 0.5, leakage 0.6 at r = 0.4 and 0.5; whitelist: accuracy 0.5 then 1.0, leakage 0.2 then 0.6.
+
+    score(0.4) = 0.5 (0.5 - 0.5) + 0.5 (0.6 - 0.2) = 0.2; score(0.5) = 0.5 (1.0 - 0.5) + 0.5 (0.6 - 0.6) = 0.25;
+    Table 1: mean 0.225, std (ddof 0) 0.025.
+    """
+    rows = []
+    for ratio, (acc, leak) in {0.4: (0.5, 0.2), 0.5: (1.0, 0.6)}.items():
+        for key, ok in ((1, 1.0), (2, 0.0)):  # base accuracy 0.5 at both ratios
+            rows.append(_row(ratio=ratio, key=key, prompt_strict=ok))
+            rows.append(_row(ratio=ratio, key=key, query="attack", leak_directive=0.6))
+            rows.append(_row(variant="whitelist", ratio=ratio, key=key, prompt_strict=1.0 if acc == 1.0 else ok))
+            rows.append(_row(variant="whitelist", ratio=ratio, key=key, query="attack", leak_directive=leak))
+    rows = pd.DataFrame(rows)
+    scores = analysis.composite(rows, "whitelist").set_index("ratio")["score"]
+    assert scores[0.4] == pytest.approx(0.2) and scores[0.5] == pytest.approx(0.25)
+    table = analysis.table1(rows, (0.4, 0.5, 0.6, 0.7), variants=("whitelist",))
+    assert table["mean"].item() == pytest.approx(0.225) and table["std"].item() == pytest.approx(0.025)
+    assert table["ratios"].item() == 2
+    with pytest.raises(analysis.AnalysisError, match="variant 'fair'"):
+        analysis.composite(rows, "fair")
+
+
+def test_pareto_frequency_by_hand():
+    """Three lambdas at two ratios. r = 0: all equal, all optimal. r = 0.5: lambda 0 (acc 0.5, leak 0.5) is dominated
+    by lambda 1 (acc 0.6, leak 0.2); lambda 0.5 (acc 0.7, leak 0.4) is not. Frequencies: 0 -> 0.5, 0.5 -> 1, 1 -> 1."""
+    points = {(0.0, 0.0): (0.5, 0.1), (0.5, 0.0): (0.5, 0.1), (1.0, 0.0): (0.5, 0.1),
+              (0.0, 0.5): (0.5, 0.5), (0.5, 0.5): (0.7, 0.4), (1.0, 0.5): (0.6, 0.2)}
+    rows = []
+    for (lam, ratio), (acc, leak) in points.items():
+        rows.append(_row(variant="fair", lam=lam, ratio=ratio, prompt_strict=acc))
+        rows.append(_row(variant="fair", lam=lam, ratio=ratio, query="attack", leak_directive=leak))
+    frequency = analysis.pareto_frequency(pd.DataFrame(rows)).set_index("lam")["frequency"]
+    assert frequency.to_dict() == {0.0: 0.5, 0.5: 1.0, 1.0: 1.0}
+    claims = paper.debiasing(analysis.pareto_frequency(pd.DataFrame(rows)))
+    assert claims["holds"].tolist() == [True]
+
+
+def test_class_accuracy_normalised_and_spearman():
+    """Three classes followed at r = 0 by 1, 1/2 and 0 of their instructions... a reversed ranking at r = 0.5 gives
+    rho = -1; the class at 0 accuracy at r = 0 has no normalised value."""
+    ids = ["keywords:a", "keywords:b", "length_constraints:a", "length_constraints:b", "punctuation:a", "punctuation:b"]
+    at = {0.0: [1, 1, 1, 0, 0, 0], 0.5: [0, 0, 1, 0, 1, 1]}
+    rows = pd.DataFrame([
+        _row(ratio=ratio, key=1, instruction_ids=ids, strict_list=[bool(v) for v in outcome], prompt_strict=0.0)
+        for ratio, outcome in at.items()
+    ])
+    accuracy = analysis.class_accuracy(rows).set_index(["class", "ratio"])
+    assert accuracy.loc[("keywords", 0.5), "accuracy"] == 0.0
+    assert accuracy.loc[("length_constraints", 0.5), "normalised"] == pytest.approx(1.0)
+    assert math.isnan(accuracy.loc[("punctuation", 0.5), "normalised"])
+    assert set(accuracy["prompts"]) == {"multi"}
+    rho = analysis.spearman(analysis.class_accuracy(rows)).set_index("ratio")["rho"]
+    assert rho[0.0] == pytest.approx(1.0) and rho[0.5] == pytest.approx(-1.0)
+
+
+def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
+    rows = pd.DataFrame([_row(query="attack", key=k, refused=float(k < 3), leak_directive=0.1 * k) for k in range(10)])
+    refused = analysis.means(rows, "refused").iloc[0]
+    assert refused["mean"] == pytest.approx(0.3) and refused["n"] == 10
+    assert (refused["low"], refused["high"]) == pytest.approx((0.1078, 0.6032), abs=1e-3)  # Wilson, n = 10, k = 3
+    leak = analysis.means(rows, "leak_directive").iloc[0]
+    assert leak["mean"] == pytest.approx(0.45) and leak["low"] < 0.45 < leak["high"]
+    assert analysis.bootstrap_ci(rows["leak_directive"]) == analysis.bootstrap_ci(rows["leak_directive"])  # seeded
+    with pytest.raises(analysis.AnalysisError, match="'prompt_strict'"):
+        analysis.means(rows, "prompt_strict")
+
+
+@pytest.mark.parametrize("profile", list(experiment.PROFILES))
+@pytest.mark.parametrize("name", list(studies.STUDIES))
+def test_every_study_builds_a_valid_grid_in_every_profile(name, profile):
+    grid = studies.grid(name, profile)
+    assert grid.model == experiment.PROFILES[profile].model
+    scale = studies.SCALE.get(profile, {}).get(name, {})
+    for field, value in studies.study(name).axes.items():
+        assert getattr(grid, field) == scale.get(field, value)
+    if "whitelist" in grid.variants:  # Section 5.1: the whitelist stops fitting the budget beyond r = 0.7
+        assert max(grid.ratios) <= 0.7
+
+
+def test_study_overrides_and_errors():
+    assert studies.grid("leakage", "ci", n_prompts=2, ratios=None).n_prompts == 2
+    assert studies.grid("leakage", "ci", ratios=None).ratios == experiment.PROFILES["ci"].ratios
+    assert studies.grid("keep_rates", "ci").queries == ("keep",)
+    with pytest.raises(studies.StudyError, match="unknown study 'fig99'"):
+        studies.grid("fig99")
+    with pytest.raises(experiment.GridError, match="unknown profile"):
+        studies.grid("leakage", "laptop")
+
+
+def test_verdict_names_what_fails():
+    table = pd.DataFrame([paper._claim("a", "x", "y", True), paper._claim("b", "x", "y", False)])
+    sentence = paper.verdict(table, "m", "cpu", 8)
+    assert "1 of 2 claims reproduce" in sentence and "not reproduced: b." in sentence
+    assert np.all(table.columns == ["claim", "paper", "ours", "holds"])
