@@ -11,6 +11,8 @@ endif
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 DATA_SOURCE := $(if $(FAIRKV_DATA_DIR),data,sample)
+# cpu: the embedded-default reproduction (Qwen2.5-Coder-1.5B); ci: SmolLM2, minutes; paper: a GPU and a HF model
+PROFILE ?= cpu
 
 .PHONY: setup reproduce test clean
 
@@ -29,10 +31,10 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 
 reproduce: setup
 	@echo "data source: $(DATA_SOURCE) (FAIRKV_DATA_DIR=$(FAIRKV_DATA_DIR))"
-	$(BIN)/fairkv reproduce 00 -p data_source $(DATA_SOURCE)
+	$(BIN)/fairkv reproduce -p profile $(PROFILE) -p data_source $(DATA_SOURCE)
 
 test: setup
 	$(BIN)/python -m pytest tests notebooks --durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) results reports/ci

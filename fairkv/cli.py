@@ -14,6 +14,7 @@ import sys
 import papermill
 import yaml
 
+from fairkv import figures, paper
 from fairkv.paths import REPO_ROOT, reports_dir
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -26,14 +27,19 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
         if not notebooks:
             raise SystemExit(f"no notebook matches {names}; available: {[nb.name for nb in sorted(NOTEBOOKS.glob('*.ipynb'))]}")
-    out_dir = reports_dir() / str((parameters or {}).get("profile", "ci"))
+    parameters = parameters or {}
+    profile = str(parameters.get("profile", "ci"))
+    out_dir = reports_dir() / profile
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for notebook in notebooks:
         target = out_dir / notebook.name
         print(f"running {notebook.name} -> {target}", flush=True)
-        papermill.execute_notebook(str(notebook), str(target), parameters=parameters or {}, cwd=str(out_dir))
+        papermill.execute_notebook(str(notebook), str(target), parameters=parameters, cwd=str(out_dir))
         written.append(str(target))
+    folder = figures.output_dir(profile, parameters.get("output"))
+    if any((folder / "tables").glob("*_paper_vs_us.md")):
+        print(f"summary: {paper.write_summary(folder, f'Paper vs us, {profile} profile')}")
     return written
 
 

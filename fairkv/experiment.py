@@ -30,7 +30,7 @@ from fairkv import data, engine, generation, metrics, models, prompts
 from fairkv.paths import results_dir
 from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
-from fairkv.store import ResultsStore
+from fairkv.store import ResultsStore, StoreError
 
 QUERIES = ("benign", "attack", "keep")  # keep: no decoding, the row holds the keep rates and timings only
 
@@ -123,10 +123,12 @@ PROFILES: dict[str, Grid] = {
         note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
     ),
     "cpu": Grid(
-        model="qwen2.5-coder-1.5b", n_prompts=12, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=48,
-        variants=("base", "whitelist", "fair"), batch_size=32,
-        note="Qwen2.5-Coder-1.5B fp32, 12 prompts (paper: 539 / 100), ratios 0-0.7 in 4 steps (paper: 10), "
-        "48 new tokens (paper: 1280 / 256), normal order only; estimated about an hour on 2 CPU cores",
+        model="qwen2.5-coder-1.5b", n_prompts=10, ratios=(0.0, 0.3, 0.5, 0.7, 0.9), max_new_tokens=96,
+        benign_tokens=64, variants=("base", "whitelist", "fair"), batch_size=48,
+        note="Qwen2.5-Coder-1.5B fp32 on 2 CPU cores, about an hour for notebooks 01-07: 10 prompts for the leakage "
+        "and mitigation studies (paper: 100), 24 for Fig 2, 100 for the keep rates; ratios 0, 0.3, 0.5, 0.7, 0.9 "
+        "(paper: 0-0.9 by 0.1; the mitigations stop at 0.7); 64 new tokens for IFEval, 96 for the attack (paper: 1280 "
+        "/ 256), so long-answer IFEval instructions fail at every ratio; lambda in {0, 0.4, 0.8, 1} for StreamingLLM",
     ),
     "paper": Grid(
         model="meta-llama/Llama-3.1-8B-Instruct", n_prompts=None, orders=("normal", "flipped"),
@@ -177,7 +179,7 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
     templates, attack = data.load_defense_templates(grid.source), data.paper_attack(grid.source).text
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
     settings = grid.settings()
-    done = store.rows()
+    done, current = store.rows(), metrics.versions()
     units = [(record, order) for record in records for order in grid.orders]
     # prompts decoded together: enough to fill a batch with their settings (rows are written group by group)
     group = max(1, grid.batch_size // len(settings))
@@ -188,6 +190,8 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
             ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
                    for s in settings for q in grid.queries}
             missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
+            for cid in set(ids.values()) & done.keys():
+                _check_versions(done[cid], current, store)
             bar.update(len(ids) - len(missing))
             if missing:
                 work.append((record, order, missing, ids))
@@ -201,6 +205,20 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
         bar.update(len(rows))
     bar.close()
     return _collect(grid, records, done, checksum)
+
+
+def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
+    """A stored row computed under other library versions is reported, never mixed into this run's results."""
+    if row.get("versions") != current:
+        stored = row.get("versions") or {}
+        changed = ", ".join(
+            f"{name} {stored.get(name)} (now {current.get(name)})" for name in sorted(set(stored) | set(current))
+            if stored.get(name) != current.get(name)
+        )
+        raise StoreError(
+            f"{store.path} holds cell {row['cell_id']} of this grid computed with {changed}; results of different "
+            "versions are not mixed: use another results folder (FAIRKV_RESULTS_DIR) or move this file away"
+        )
 
 
 def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
@@ -217,8 +235,10 @@ def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
     rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
     for query in ("benign", "attack"):  # one query kind at a time: its token budget is shared by the batch
         todo = [item for item in items if item[6] == query]
-        for chunk in range(0, len(todo), grid.batch_size):
-            batch = todo[chunk : chunk + grid.batch_size]
+        n_batches = -(-len(todo) // grid.batch_size)  # as few batches as fit, of even size (no small tail batch)
+        size = -(-len(todo) // n_batches) if todo else 1
+        for chunk in range(0, len(todo), size):
+            batch = todo[chunk : chunk + size]
             pairs = [(c, p.query_ids(r.user if query == "benign" else attack)) for r, _, p, _, _, c, _, _ in batch]
             answers = generation.answer_batch(lm, pairs, grid.tokens_for(query))
             rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(batch, answers)]

@@ -119,7 +119,7 @@ def _batch_cache(caches: list[DynamicCache], length: int) -> tuple[DynamicCache,
 
 @torch.inference_mode()
 def answer_batch(
-    lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], max_new_tokens: int
+    lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], max_new_tokens: int, stop_at_eos: bool = True
 ) -> list[Answer]:
     """Greedy answers to many (compressed cache, query ids (1, q)) pairs decoded together.
 
@@ -127,7 +127,8 @@ def answer_batch(
     its original positions (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token,
     leaving the batch (later steps cost only the sequences still running).
     The compressed caches are not modified, so one cache serves any number of queries. With one item this is
-    kvpress's pipeline decode (``generate_answer``).
+    kvpress's pipeline decode (``generate_answer``). ``stop_at_eos=False`` decodes exactly ``max_new_tokens`` per
+    sequence (fixed-length timing, ``benchmarks/``).
     """
     device, stops = lm.device, stop_token_ids(lm)
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else min(stops)
@@ -156,7 +157,7 @@ def answer_batch(
         running = []  # rows (of the current batch) whose sequence goes on
         for row, token in enumerate(tokens.tolist()):
             generated[active[row]].append(token)
-            if token not in stops:
+            if token not in stops or not stop_at_eos:
                 running.append(row)
         if not running or step == max_new_tokens - 1:
             break
@@ -176,6 +177,8 @@ def answer_batch(
     ]
 
 
-def answer(lm: LoadedModel, compressed: Compressed, query_ids: torch.Tensor, max_new_tokens: int) -> Answer:
+def answer(
+    lm: LoadedModel, compressed: Compressed, query_ids: torch.Tensor, max_new_tokens: int, stop_at_eos: bool = True
+) -> Answer:
     """Greedy answer to one query on the compressed cache (batch size 1, as kvpress's pipeline)."""
-    return answer_batch(lm, [(compressed, query_ids)], max_new_tokens)[0]
+    return answer_batch(lm, [(compressed, query_ids)], max_new_tokens, stop_at_eos)[0]

@@ -9,6 +9,8 @@ notebook ends with.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -246,3 +248,19 @@ def debiasing(frequency: pd.DataFrame) -> pd.DataFrame:
         out.append(_claim(f"{_label(policy)}: lambda = 1 among the most often Pareto-optimal, at least as often as "
                           "lambda = 0", paper, shown, by_lam[1.0] == by_lam.max() and by_lam[1.0] >= by_lam[0.0]))
     return pd.DataFrame(out)
+
+
+def write_summary(folder: Path, title: str) -> Path:
+    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md."""
+    folder = Path(folder)
+    tables = sorted((folder / "tables").glob("*_paper_vs_us.md"))
+    if not tables:
+        raise FileNotFoundError(f"no *_paper_vs_us.md table under {folder / 'tables'}: run the notebooks first")
+    parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables.\n"]
+    for table in tables:
+        claims = pd.read_csv(table.with_suffix(".csv"))
+        parts.append(f"## Notebook {table.name[:2]}: {int(claims['holds'].sum())} of {len(claims)} claims hold\n")
+        parts.append(table.read_text())
+    summary = folder / "SUMMARY.md"
+    summary.write_text("\n".join(parts))
+    return summary

@@ -8,7 +8,10 @@ prompt are the query, never compressed.
 Spans partition the prefix: each named segment starts at its first non-space character, the chat header before the
 first segment goes to the first span, separators and the template suffix go to the span they follow (the paper
 absorbs the template into the nearest span). Token spans come from the tokenizer's character offsets: a token
-belongs to the span that holds its first character. Any number of segments (N >= 1) is supported.
+belongs to the span that holds its last character, so a token straddling a boundary (a space merged with the next
+word, a character split into byte tokens) goes to the span it completes and every span decodes back to its text; on
+the paper's prompts (539 records, both orders, both embedded tokenizers) this equals the first-character rule. Any
+number of segments (N >= 1) is supported.
 
 Differs from the authors' code: they locate spans by searching token needles; we use character offsets, which is
 exact for any tokenizer with offset mapping (fast tokenizers).
@@ -179,7 +182,10 @@ def _tokenise(
     ids, offsets = encoding["input_ids"], [tuple(o) for o in encoding["offset_mapping"]]
     # character boundaries of the spans within the prefix; the first span absorbs the chat header
     bounds = [0] + [base + start for _, start in marks[1:]] + [len(prefix)]
-    token_span = [max(k for k in range(len(marks)) if bounds[k] <= start_char) for start_char, _ in offsets]
+    # a token belongs to the span holding its last character: a token that starts in the separator before a span
+    # (" You") or carries the first bytes of a character split over two tokens belongs to the span it completes,
+    # so every span decodes back to exactly its text
+    token_span = [max(k for k in range(len(marks)) if bounds[k] <= max(start, end - 1)) for start, end in offsets]
     spans = []
     for k, (name, _) in enumerate(marks):
         members = [t for t, s in enumerate(token_span) if s == k]

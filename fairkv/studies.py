@@ -54,7 +54,10 @@ SCALE: dict[str, dict[str, dict]] = {
     "cpu": {
         "degradation": dict(n_prompts=24),
         "keep_rates": dict(n_prompts=100, ratios=TEN_RATIOS),
-        "debias": dict(policies=("streamingllm",)),
+        "whitelist": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
+        "fair": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
+        "fair_flipped": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
+        "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.5, 0.7)),
     },
     "paper": {
         # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set

@@ -1,0 +1,136 @@
+"""Reliability: sweeps killed with SIGKILL resume without loss or duplicates; reruns are identical; results of other
+library versions are reported, not mixed in; the quickstart runs with the network unavailable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fairkv import experiment
+from fairkv.paths import REPO_ROOT
+from fairkv.store import StoreError
+
+from conftest import record_source
+
+GRID = dict(
+    source=record_source(), n_prompts=4, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
+    lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8, batch_size=5,  # 5 settings: one prompt per group
+)
+TIMINGS = ["prefill_s", "cut_s", "decode_s", "versions"]
+
+SWEEP = textwrap.dedent(f"""
+    import sys
+    from fairkv import experiment
+    experiment.run(experiment.Grid(**{GRID!r}), sys.argv[1], progress=False)
+""")
+
+
+def sweep(folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-c", SWEEP, str(folder)], env=env, stderr=subprocess.PIPE)
+
+
+def complete_lines(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+def stable(frame: pd.DataFrame) -> list[dict]:
+    """Rows without the fields that legitimately vary between runs (timings, and the versions dict checked apart)."""
+    return frame.drop(columns=TIMINGS).sort_values(["key", "policy", "variant", "lam", "ratio", "query"]).to_dict("records")
+
+
+@pytest.mark.slow
+def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(tmp_path):
+    reference = sweep(tmp_path / "clean")
+    assert reference.wait(timeout=600) == 0, reference.stderr.read().decode()
+    grid = experiment.Grid(**GRID)
+    store = experiment.store_for(grid, tmp_path / "killed").path
+    # kill while the model loads (no row yet), after the first group, after the second, then mid-group by the clock
+    for rows_before_kill, extra_delay in ((0, 0.0), (10, 0.0), (20, 0.0), (20, 1.5)):
+        process = sweep(tmp_path / "killed")
+        deadline = time.time() + 600
+        while len(complete_lines(store)) < rows_before_kill and process.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(extra_delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        lines = complete_lines(store)
+        assert len(lines) == len({json.loads(line)["cell_id"] for line in lines}), "a duplicate row after a kill"
+    finished = sweep(tmp_path / "killed")
+    assert finished.wait(timeout=600) == 0, finished.stderr.read().decode()
+    lines = complete_lines(store)
+    clean = complete_lines(experiment.store_for(grid, tmp_path / "clean").path)
+    assert len(lines) == len(clean) == len({json.loads(line)["cell_id"] for line in lines})  # none lost, none twice
+    killed_rows = experiment.run(grid, tmp_path / "killed", progress=False, lm=None)
+    clean_rows = experiment.run(grid, tmp_path / "clean", progress=False, lm=None)
+    assert stable(killed_rows) == stable(clean_rows)
+
+
+def test_same_grid_twice_gives_identical_rows(smollm, tmp_path):
+    grid = experiment.Grid(**{**GRID, "n_prompts": 2})
+    first = experiment.run(grid, tmp_path / "a", progress=False, lm=smollm)
+    second = experiment.run(grid, tmp_path / "b", progress=False, lm=smollm)
+    assert stable(first) == stable(second)
+    versions = first["versions"].iloc[0]
+    assert set(versions) >= {"fairkv", "metrics", "torch", "transformers", "kvpress", "lm-eval"}
+    assert first["checksum"].iloc[0] == smollm.checksum and smollm.checksum is not None
+
+
+def test_rows_of_other_versions_are_reported_not_mixed(smollm, tmp_path):
+    grid = experiment.Grid(**{**GRID, "n_prompts": 1, "policies": ("streamingllm",), "variants": ("base",)})
+    experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    path = experiment.store_for(grid, tmp_path).path
+    rows = [json.loads(line) for line in complete_lines(path)]
+    rows[0]["versions"]["torch"] = "1.0.0"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(StoreError, match=r"torch 1\.0\.0 \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"):
+        experiment.run(grid, tmp_path, progress=False, lm=smollm)
+
+
+# Loaded into every Python process of the run (the notebook kernel included): any connection that leaves the
+# machine raises and is logged.
+BLOCK_NETWORK = textwrap.dedent("""
+    import os, socket
+    _log = os.environ["FAIRKV_NETWORK_LOG"]
+    _connect = socket.socket.connect
+    def _guarded(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in ("127.0.0.1", "::1", "localhost") and not host.startswith("/"):
+            with open(_log, "a") as handle:
+                handle.write(f"{host}\\n")
+            raise OSError(f"network disabled by the test: {host}")
+        return _connect(self, address)
+    socket.socket.connect = _guarded
+""")
+
+
+@pytest.mark.slow
+def test_quickstart_runs_with_the_network_unavailable(tmp_path):
+    if not os.environ.get("FAIRKV_DATA_DIR"):
+        pytest.skip("needs the reference data: set FAIRKV_DATA_DIR (e.g. to ../shared/data)")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_NETWORK)
+    log = tmp_path / "network.log"
+    env = {
+        **os.environ, "PYTHONPATH": str(tmp_path / "site"), "FAIRKV_NETWORK_LOG": str(log),
+        "FAIRKV_REPORTS_DIR": str(tmp_path / "reports"), "FAIRKV_FIGURES_DIR": str(tmp_path / "figures"),
+        "FAIRKV_RESULTS_DIR": str(tmp_path / "results"),
+    }
+    env.pop("HF_HUB_OFFLINE", None)  # the embedded path must not need the flag to stay offline
+    done = subprocess.run(
+        [sys.executable, "-m", "fairkv.cli", "reproduce", "00", "-p", "profile", "ci"], env=env, cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not log.exists(), f"tried the network: {log.read_text()}"
+    assert (tmp_path / "reports" / "ci" / "00_quickstart.ipynb").exists()
+    assert (tmp_path / "figures" / "ci" / "00_quickstart_leakage.png").exists()
