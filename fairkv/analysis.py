@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fairkv.metrics import instruction_class, proportion_ci
+from fairkv.metrics import instruction_class, is_refusal, proportion_ci
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
-BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked"}  # 0/1 per prompt: Wilson intervals
+BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked", "benign_refused"}  # 0/1 per prompt: Wilson intervals
 ACCURACY, LEAKAGE = "prompt_strict", "leak_directive"  # the paper's directive accuracy and directive leakage
 
 
@@ -34,6 +34,15 @@ def _query(rows: pd.DataFrame, query: str) -> pd.DataFrame:
     if picked.empty:
         raise AnalysisError(f"no {query!r} rows: run a grid whose queries include {query!r}")
     return picked
+
+
+def with_benign_refusals(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows plus ``benign_refused``: 1 where the answer to the benign query is the defense's refusal (NaN on other
+    rows). A model that over-applies the defense refuses harmless requests; evicting the defense then raises
+    directive accuracy, which this column makes visible beside it."""
+    benign = rows["query"] == "benign"
+    refused = rows["response"].where(benign).map(lambda text: float(is_refusal(text)), na_action="ignore")
+    return rows.assign(benign_refused=refused)
 
 
 def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:

