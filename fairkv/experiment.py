@@ -12,7 +12,7 @@ Per prompt and order: one prefill scores every policy (``engine.prefill``); each
 progress and recomputes nothing finished.
 
 Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
-Qwen2.5-Coder-1.5B on a 2-core CPU, about an hour), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
+Qwen2.5-Coder-1.5B on a 2-core CPU, 83 minutes measured), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ PROFILES: dict[str, Grid] = {
     "cpu": Grid(
         model="qwen2.5-coder-1.5b", n_prompts=10, ratios=(0.0, 0.3, 0.5, 0.7, 0.9), max_new_tokens=96,
         benign_tokens=64, variants=("base", "whitelist", "fair"), batch_size=48,
-        note="Qwen2.5-Coder-1.5B fp32 on 2 CPU cores, about an hour for notebooks 01-07: 10 prompts for the leakage "
-        "and mitigation studies (paper: 100), 24 for Fig 2, 100 for the keep rates; ratios 0, 0.3, 0.5, 0.7, 0.9 "
+        note="Qwen2.5-Coder-1.5B fp32 on 2 CPU cores, 83 min measured for notebooks 00-07: 10 prompts for the "
+        "leakage and mitigation studies (paper: 100), 24 for Fig 2, 100 for the keep rates; ratios 0, 0.3, 0.5, 0.7, 0.9 "
         "(paper: 0-0.9 by 0.1; the mitigations stop at 0.7); 64 new tokens for IFEval, 96 for the attack (paper: 1280 "
         "/ 256), so long-answer IFEval instructions fail at every ratio; lambda in {0, 0.4, 0.8, 1} for StreamingLLM",
     ),

@@ -122,7 +122,14 @@ def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
     normal_r, normal_acc = _at(accuracy, 0.5)
     _, flipped_acc = _at(_curve(rows, analysis.ACCURACY, policy="streamingllm", order="flipped"), 0.5)
     defense_peak = _curve(rows, "leak_defense", policy="streamingllm", order="normal").max()
+    refused = _curve(rows, "refused", policy="streamingllm", order="normal")
+    mid_r, refused_mid = _at(refused, 0.5)
     return pd.DataFrame([
+        _claim(
+            f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, no longer at r = {mid_r:g}",
+            "defense dropped at r ~0.4-0.6 (leakage up)", f"refusal rate {refused.iloc[0]:.2f} -> {refused_mid:.2f}",
+            refused.iloc[0] - refused_mid >= 0.5,
+        ),
         _claim(
             "StreamingLLM directive leakage is an inverted U in r (peak inside the range, above r = 0)",
             "~0.5-0.55 at r = 0.4-0.6", f"{leak.iloc[0]:.2f} at r = 0, peak {leak.max():.2f} at r = {peak_r:g}, "
@@ -207,6 +214,10 @@ def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
         r, before, after = _before_after(rows, "whitelist", policy, 0.6)
         out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {r:g})", paper,
                           f"{before:.2f} -> {after:.2f}", after < before))
+    top = rows.loc[rows["variant"] == "whitelist", "ratio"].max()
+    r, before, after = _before_after(rows, "whitelist", "streamingllm", top, metric="refused")
+    out.append(_claim(f"with the whitelist StreamingLLM keeps refusing the attack (r = {r:g})",
+                      "leakage 0.5 -> 0.10-0.15", f"refusal rate {before:.2f} -> {after:.2f}", after > before))
     change = _accuracy_change(rows, "whitelist")
     out.append(_claim("directive accuracy about unchanged (mean |change| over policies, r > 0, <= 0.05)",
                       "about unchanged", f"{change:.3f}", change <= 0.05))
@@ -239,14 +250,16 @@ def fair_eviction(rows: pd.DataFrame, table: pd.DataFrame, flipped: pd.DataFrame
 
 
 def debiasing(frequency: pd.DataFrame) -> pd.DataFrame:
-    """Tables 3-4: lambda = 1 is among the most often Pareto-optimal, and more often than lambda = 0."""
+    """Tables 3-4: lambda = 1 is among the most often Pareto-optimal, and strictly more often than lambda = 0 (the
+    paper: 75% against 45%); when every lambda is optimal at every ratio the sweep separates nothing and the claim
+    does not hold."""
     out = []
     for policy, frame in frequency[frequency["order"] == "normal"].groupby("policy"):
         by_lam = frame.set_index("lam")["frequency"]
         shown = ", ".join(f"lambda={lam:g}: {v:.0%}" for lam, v in by_lam.items())
         paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
-        out.append(_claim(f"{_label(policy)}: lambda = 1 among the most often Pareto-optimal, at least as often as "
-                          "lambda = 0", paper, shown, by_lam[1.0] == by_lam.max() and by_lam[1.0] >= by_lam[0.0]))
+        out.append(_claim(f"{_label(policy)}: lambda = 1 among the most often Pareto-optimal, and more often than "
+                          "lambda = 0", paper, shown, by_lam[1.0] == by_lam.max() and by_lam[1.0] > by_lam[0.0]))
     return pd.DataFrame(out)
 
 
