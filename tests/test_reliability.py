@@ -43,9 +43,11 @@ def complete_lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
-def stable(frame: pd.DataFrame) -> list[dict]:
-    """Rows without the fields that legitimately vary between runs (timings, and the versions dict checked apart)."""
-    return frame.drop(columns=TIMINGS).sort_values(["key", "policy", "variant", "lam", "ratio", "query"]).to_dict("records")
+def stable(frame: pd.DataFrame) -> str:
+    """Rows without the fields that legitimately vary between runs (timings, and the versions dict checked apart),
+    as JSON so that missing metrics (NaN) compare equal."""
+    rows = frame.drop(columns=TIMINGS).sort_values(["key", "policy", "variant", "lam", "ratio", "query"])
+    return json.dumps(rows.to_dict("records"), sort_keys=True)
 
 
 @pytest.mark.slow
