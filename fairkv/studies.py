@@ -44,6 +44,8 @@ STUDIES: dict[str, Study] = {
     "debias": Study("07", "Debiasing: Figs 15-18, Tables 3-4", dict(variants=("fair",), lams=LAMBDAS)),
 }
 
+CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to where the whitelist still fits
+
 # How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
 # small profiles afford many prompts and all ten ratios there.
 SCALE: dict[str, dict[str, dict]] = {
@@ -54,10 +56,10 @@ SCALE: dict[str, dict[str, dict]] = {
     "cpu": {
         "degradation": dict(n_prompts=24),
         "keep_rates": dict(n_prompts=100, ratios=TEN_RATIOS),
-        "whitelist": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
-        "fair": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
-        "fair_flipped": dict(ratios=(0.0, 0.3, 0.5, 0.7)),
-        "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.5, 0.7)),
+        "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
+        "fair": dict(ratios=CPU_MITIGATION_RATIOS),
+        "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
+        "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=CPU_MITIGATION_RATIOS),
     },
     "paper": {
         # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set
