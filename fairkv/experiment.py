@@ -199,7 +199,7 @@ def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: model
             continue
         if lm is None:
             lm = models.load_model(grid.model, int8=grid.int8)
-        rows = _compute(lm, grid, work, templates, attack)
+        rows = _compute(lm, grid, work, templates, attack, current)
         store.append(rows)
         done.update({row["cell_id"]: row for row in rows})
         bar.update(len(rows))
@@ -221,10 +221,9 @@ def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
         )
 
 
-def _compute(lm, grid: Grid, work, templates, attack: str) -> list[dict]:
+def _compute(lm, grid: Grid, work, templates, attack: str, versions: dict) -> list[dict]:
     """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
     from it, then each query kind decoded in batches across the group."""
-    versions = metrics.versions()
     items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
     for record, order, missing, ids in work:
         prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)

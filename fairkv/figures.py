@@ -94,7 +94,7 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
 
     Lines are means over prompts with bootstrap 95% intervals (seeded, 1000 resamples).
     """
-    rows = rows.assign(**{hue: rows[hue].map(lambda p: get_policy(p).label)}) if hue == "policy" else rows
+    rows = _label_policies(rows) if hue == "policy" else rows
     fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.2), sharex=True)
     axes = np.atleast_1d(axes)
     for ax, (column, label) in zip(axes, columns.items()):
