@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from fairkv import data, engine, generation, metrics, models, prompts
+from fairkv import data, engine, executors, generation, metrics, models, prompts
 from fairkv.paths import results_dir
 from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
@@ -168,43 +168,76 @@ def store_for(grid: Grid, folder: Path | None = None) -> ResultsStore:
     return ResultsStore((Path(folder) if folder else results_dir()) / f"{safe}.jsonl")
 
 
-def run(grid: Grid, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Job:
+    """What every task of a run shares: the grid, the defense templates, the attack and the library versions the
+    rows are stamped with. Executors call ``compute`` on their own loaded model (``load``), in this process or a
+    Ray worker's."""
+
+    grid: Grid
+    templates: dict
+    attack: str
+    versions: dict
+
+    def load(self, device: str | None = None) -> models.LoadedModel:
+        return models.load_model(self.grid.model, int8=self.grid.int8, device=device)
+
+    def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
+        return _compute(lm, self.grid, task, self.templates, self.attack, self.versions)
+
+
+def run(
+    grid: Grid, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None,
+    executor="serial",
+) -> pd.DataFrame:
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
-    and query; r = 0 rows repeated under every policy and variant)."""
+    and query; r = 0 rows repeated under every policy and variant).
+
+    ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster: ``RAY_ADDRESS`` or a
+    local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see ``fairkv.executors``). Every
+    executor computes the same tasks (a group of prompts with all their missing settings and queries); only this
+    process writes the store, task by task as results arrive."""
     store = store_for(grid, folder)
     records = data.load_sys_ifeval(grid.dataset, source=grid.source)
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
     if not records:
         raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")
-    templates, attack = data.load_defense_templates(grid.source), data.paper_attack(grid.source).text
+    job = Job(grid, data.load_defense_templates(grid.source), data.paper_attack(grid.source).text, metrics.versions())
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
+    done = store.rows()
+    tasks, total = _plan(grid, records, checksum, done, job.versions, store)
+    bar = tqdm(total=total, initial=total - sum(len(missing) for task in tasks for _, _, missing, _ in task),
+               desc="rows", unit="row", disable=not progress)
+    if tasks:
+        for rows in executors.executor(executor, lm).map(job, tasks):
+            rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
+            done.update({row["cell_id"]: row for row in store.append(rows)})
+            bar.update(len(rows))
+    bar.close()
+    return _collect(grid, records, done, checksum)
+
+
+def _plan(grid: Grid, records, checksum, done: dict, versions: dict, store: ResultsStore) -> tuple[list[list], int]:
+    """The tasks that compute what ``done`` lacks, and the grid's row count. A task is a group of (record, order,
+    missing (setting, query) pairs, cell ids): enough prompts to fill a decode batch with their settings; a prompt's
+    settings and queries never straddle two tasks (they share one prefill)."""
     settings = grid.settings()
-    done, current = store.rows(), metrics.versions()
     units = [(record, order) for record in records for order in grid.orders]
-    # prompts decoded together: enough to fill a batch with their settings (rows are written group by group)
     group = max(1, grid.batch_size // len(settings))
-    bar = tqdm(total=len(units) * len(settings) * len(grid.queries), desc="rows", unit="row", disable=not progress)
+    tasks = []
     for first in range(0, len(units), group):
-        work = []
+        task = []
         for record, order in units[first : first + group]:
             ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
                    for s in settings for q in grid.queries}
-            missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
             for cid in set(ids.values()) & done.keys():
-                _check_versions(done[cid], current, store)
-            bar.update(len(ids) - len(missing))
+                _check_versions(done[cid], versions, store)
+            missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
             if missing:
-                work.append((record, order, missing, ids))
-        if not work:
-            continue
-        if lm is None:
-            lm = models.load_model(grid.model, int8=grid.int8)
-        rows = _compute(lm, grid, work, templates, attack, current)
-        store.append(rows)
-        done.update({row["cell_id"]: row for row in rows})
-        bar.update(len(rows))
-    bar.close()
-    return _collect(grid, records, done, checksum)
+                task.append((record, order, missing, ids))
+        if task:
+            tasks.append(task)
+    return tasks, len(units) * len(settings) * len(grid.queries)
 
 
 def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:

@@ -211,6 +211,11 @@ class LoadedModel:
         return self.model.device
 
 
+def default_device() -> str | None:
+    """The GPU when torch sees one (sweeps on a GPU machine), else None (the CPU)."""
+    return "cuda" if torch.cuda.is_available() else None
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     attn_implementation: str = "eager",

@@ -51,13 +51,12 @@ class ResultsStore:
             rows[row["cell_id"]] = row
         return rows
 
-    def append(self, rows: Iterable[dict]) -> None:
-        """Append rows atomically (one write under an exclusive lock, then fsync)."""
-        payload = b"".join(
-            (json.dumps({**row, "schema": SCHEMA}, sort_keys=True, ensure_ascii=False) + "\n").encode() for row in rows
-        )
+    def append(self, rows: Iterable[dict]) -> list[dict]:
+        """Append rows atomically (one write under an exclusive lock, then fsync); return them as stored."""
+        stored = [{**row, "schema": SCHEMA} for row in rows]
+        payload = b"".join((json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode() for row in stored)
         if not payload:
-            return
+            return stored
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -70,3 +69,4 @@ class ResultsStore:
                 os.fsync(handle.fileno())
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+        return stored

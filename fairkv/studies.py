@@ -95,10 +95,12 @@ def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
 
 
 
-def run(name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, **overrides):
-    """(grid, rows) of study ``name``: compute what the results store lacks, return the study's rows."""
+def run(name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, executor="serial",
+        **overrides):
+    """(grid, rows) of study ``name``: compute what the results store lacks (with ``executor``, see
+    ``experiment.run``), return the study's rows."""
     chosen = grid(name, profile, **overrides)
-    return chosen, experiment.run(chosen, folder, progress=progress)
+    return chosen, experiment.run(chosen, folder, progress=progress, executor=executor)
 
 
 def describe(name: str, chosen: experiment.Grid, rows: pd.DataFrame) -> str:

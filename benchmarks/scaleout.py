@@ -1,0 +1,87 @@
+"""The same small grid serial (this process, all cores) vs the Ray executor (N single-core workers on a local
+cluster), on fresh stores; then what the paper profile costs in cells and generated tokens.
+
+    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/scaleout.py --prompts 8 --workers 2
+
+Prints wall time of both runs (the Ray run includes starting the local cluster and loading the model in every
+worker, reported apart), the ratio, and whether the rows are identical. On a 2-core machine the serial run already
+uses both cores (torch intra-op threads), so 2 workers can win only what one process leaves idle: tokenisation,
+scoring, compression and small-batch decoding that do not fill 2 cores.
+
+``--estimate`` prints, per study of the paper profile, the distinct cells (cells shared by studies counted once)
+and the tokens they decode at most (every answer at its cap), to turn a measured tokens/s into GPU-hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import ray
+import torch
+
+from fairkv import executors, experiment, models, studies
+
+
+def timed_run(grid, executor, lm=None):
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        rows = experiment.run(grid, folder, progress=False, lm=lm, executor=executor)
+    return rows, time.perf_counter() - start
+
+
+def comparable(rows) -> str:
+    return json.dumps(rows.drop(columns=["prefill_s", "cut_s", "decode_s", "schema"]).to_dict("records"), sort_keys=True)
+
+
+def speed(args) -> None:
+    grid = experiment.Grid(
+        model=args.model, n_prompts=args.prompts, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=args.max_new_tokens,
+        variants=("base", "whitelist", "fair"), batch_size=16,
+    )
+    print(f"grid: {args.model}, {args.prompts} prompts x {len(grid.settings())} settings x 2 queries, "
+          f"{args.max_new_tokens} new tokens; torch threads in this process: {torch.get_num_threads()}")
+    lm = models.load_model(args.model)
+    serial_rows, serial_s = timed_run(grid, "serial", lm)
+    start = time.perf_counter()
+    ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+    start_s = time.perf_counter() - start
+    ray_rows, ray_s = timed_run(grid, executors.RayExecutor(workers=args.workers))
+    tokens = int(serial_rows.drop_duplicates("cell_id")["new_tokens"].sum())
+    print(f"serial: {serial_s:.1f} s ({tokens / serial_s:.1f} tok/s)")
+    print(f"ray, {args.workers} workers: {ray_s:.1f} s incl. worker start and model load "
+          f"({tokens / ray_s:.1f} tok/s); cluster start {start_s:.1f} s not included")
+    print(f"speed-up serial / ray: {serial_s / ray_s:.2f}x; rows identical: {comparable(serial_rows) == comparable(ray_rows)}")
+
+
+def estimate(profile: str) -> None:
+    cells = set()
+    print(f"{'study':14} {'cells':>8} {'new cells':>10} {'max new tokens':>15}")
+    for name in studies.STUDIES:
+        grid = studies.grid(name, profile)
+        n_prompts = grid.n_prompts or 539
+        fresh = {(grid.dataset, key, order, s, q, grid.tokens_for(q)) for key in range(grid.start, grid.start + n_prompts)
+                 for order in grid.orders for s in grid.settings() for q in grid.queries} - cells
+        cells |= fresh
+        print(f"{name:14} {n_prompts * len(grid.orders) * len(grid.settings()) * len(grid.queries):8d} {len(fresh):10d} "
+              f"{sum(cell[-1] for cell in fresh):15,d}")
+    for query in ("benign", "attack"):
+        mine = [cell for cell in cells if cell[4] == query]
+        print(f"{query}: {len(mine):,} cells, at most {sum(cell[-1] for cell in mine):,} new tokens")
+    tokens = sum(cell[-1] for cell in cells)
+    print(f"profile {profile}: {len(cells):,} distinct cells, at most {tokens:,} generated tokens")
+    for rate in (500, 1000, 2000):
+        print(f"  at {rate} tok/s (batched decoding, one GPU): {tokens / rate / 3600:.0f} GPU-hours at most")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--estimate", metavar="PROFILE", help="print the cells and tokens of PROFILE instead")
+    args = parser.parse_args()
+    estimate(args.estimate) if args.estimate else speed(args)

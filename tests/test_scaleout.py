@@ -1,0 +1,114 @@
+"""The Ray executor on a local cluster of 2 CPU workers with SmolLM2: the same rows as a serial run, row for row; a
+worker killed mid-run is restarted and its task retried; a driver killed mid-run resumes without a duplicate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from fairkv import executors, experiment
+from fairkv.executors import ExecutorError, RayExecutor, Serial
+
+from test_reliability import GRID, complete_lines, stable
+
+ray = pytest.importorskip("ray", reason="the Ray executor needs ray (pip install ray==2.60.0)")
+
+EIGHT = {**GRID, "n_prompts": 8}  # 5 settings, batch 5: one prompt per task, 8 tasks for 2 workers
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serial_rows(smollm, tmp_path_factory):
+    return experiment.run(experiment.Grid(**EIGHT), tmp_path_factory.mktemp("serial"), progress=False, lm=smollm)
+
+
+def worker_pids() -> list[int]:
+    found = subprocess.run(["pgrep", "-f", "ray::_Worker"], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def test_executor_specs():
+    assert isinstance(executors.executor("serial"), Serial)
+    assert executors.executor({"kind": "ray", "workers": 2}) == RayExecutor(workers=2)
+    with pytest.raises(ExecutorError, match="unknown executor 'dask'"):
+        executors.executor("dask")
+    with pytest.raises(ExecutorError, match="bad Ray executor options.*gpu"):
+        executors.executor({"kind": "ray", "gpu": 1})
+    with pytest.raises(ExecutorError, match="serial executor only"):
+        executors.executor("ray", lm=object())
+
+
+@pytest.mark.slow
+def test_ray_rows_equal_serial_rows(cluster, serial_rows, tmp_path):
+    rows = experiment.run(experiment.Grid(**EIGHT), tmp_path, progress=False, executor={"kind": "ray", "workers": 2})
+    assert stable(rows) == stable(serial_rows)
+    lines = complete_lines(experiment.store_for(experiment.Grid(**EIGHT), tmp_path).path)
+    assert len(lines) == serial_rows["cell_id"].nunique() == len({json.loads(line)["cell_id"] for line in lines})
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_run_is_restarted_and_the_grid_completes(cluster, serial_rows, tmp_path):
+    grid = experiment.Grid(**EIGHT)
+    store = experiment.store_for(grid, tmp_path).path
+    killed = []
+
+    def kill_a_worker_after_the_first_task():
+        deadline = time.time() + 300
+        while len(complete_lines(store)) < 10 and time.time() < deadline:
+            time.sleep(0.05)
+        pids = worker_pids()
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    killer = threading.Thread(target=kill_a_worker_after_the_first_task)
+    killer.start()
+    rows = experiment.run(grid, tmp_path, progress=False, executor={"kind": "ray", "workers": 2})
+    killer.join()
+    assert killed, "no Ray worker process was found to kill"
+    assert killed[0] not in worker_pids()
+    lines = complete_lines(store)
+    assert len(lines) == serial_rows["cell_id"].nunique() == len({json.loads(line)["cell_id"] for line in lines})
+    assert stable(rows) == stable(serial_rows)
+
+
+DRIVER = textwrap.dedent(f"""
+    import sys
+    from fairkv import experiment
+    grid = experiment.Grid(**{EIGHT!r})
+    experiment.run(grid, sys.argv[1], progress=False, executor={{"kind": "ray", "address": "local", "workers": 2}})
+""")
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_run_resumes_without_duplicates(serial_rows, tmp_path):
+    grid = experiment.Grid(**EIGHT)
+    store = experiment.store_for(grid, tmp_path).path
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while len(complete_lines(store)) < 20 and driver.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    landed = len(complete_lines(store))
+    assert 20 <= landed < serial_rows["cell_id"].nunique(), "the kill should fall mid-run"
+    resumed = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, capture_output=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    lines = complete_lines(store)
+    assert len(lines) == serial_rows["cell_id"].nunique() == len({json.loads(line)["cell_id"] for line in lines})
+    assert stable(experiment.run(grid, tmp_path, progress=False, lm=None)) == stable(serial_rows)
