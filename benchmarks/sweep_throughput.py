@@ -1,4 +1,4 @@
-"""Engine vs the plain loop the authors use, side by side in one process; keep-rate sweeps; mitigation overhead.
+"""Engine vs the plain loop the authors use, side by side in one process; keep-rate sweeps.
 
     FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/sweep_throughput.py --model smollm2-135m \
         --prompts 8 --max-new-tokens 64
@@ -8,13 +8,12 @@
 (b) engine: ``experiment.run`` on a fresh store: one prefill per prompt, every setting cut from it, batched decoding.
 Prints generated tokens per second of both (end to end: prefill, compression, decoding), their ratio, and the share
 of responses identical between (a) and (b). Then the keep-rate sweep over 10 ratios both ways (with a check that the
-kept sets are identical), and the prefill and decode cost of the whitelist and fair variants relative to the base.
+kept sets are identical). The cost of the mitigations is measured by ``benchmarks/runtime.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 
@@ -62,21 +61,6 @@ def keep_rate_sweep(lm, prompt, ratios):
     return press_s, cut_s, identical, rates
 
 
-def mitigation_overhead(lm, prompt, query, repeats):
-    """Median prefill+compression seconds and decode tokens/s per variant, measured interleaved; decoding runs a fixed
-    32 tokens (no stop at end of turn), so speeds compare equal work."""
-    variants = ("base", "whitelist", "fair")
-    timings = {v: {"compress": [], "decode": []} for v in variants}
-    for _ in range(repeats):
-        for variant in variants:
-            for policy in POLICIES:
-                compressed = generation.compress(lm, prompt, policy, 0.5, variant)
-                timings[variant]["compress"].append((policy, compressed.seconds))
-                reply = generation.answer(lm, compressed, query, 32, stop_at_eos=False)
-                timings[variant]["decode"].append((policy, reply.n_tokens / reply.seconds))
-    return timings
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -84,7 +68,6 @@ def main() -> None:
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of the mitigation-overhead measurement")
     args = parser.parse_args()
 
     lm = models.load_model(args.model)
@@ -112,13 +95,6 @@ def main() -> None:
     press_s, cut_s, identical, _ = keep_rate_sweep(lm, prompt, ratios)
     print(f"keep-rate sweep, 5 policies x 10 ratios: press at each ratio {press_s:.2f} s, score once + cut "
           f"{cut_s:.2f} s = {press_s / cut_s:.1f}x faster; kept sets identical: {identical}")
-
-    timings = mitigation_overhead(lm, prompt, prompt.query_ids(records[0].user), args.repeats)
-    for variant in ("whitelist", "fair"):
-        for policy in policies:
-            pick = lambda v, kind: statistics.median(t for p, t in timings[v][kind] if p == policy)
-            print(f"{variant:9s} {policy:12s} compression time x{pick(variant, 'compress') / pick('base', 'compress'):.3f}"
-                  f"  decode speed x{pick(variant, 'decode') / pick('base', 'decode'):.3f}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from fairkv import runtime
 from fairkv.evaluate import Evaluation
 from fairkv.metrics import LEAK_THRESHOLD
 from fairkv.paths import figures_dir
@@ -210,3 +211,27 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str) -> plt.Figure:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+RUNTIME_PANELS = {
+    "compress_per_100": "compression s / 100 prefix tokens", "decode_per_100": "decoding s / 100 new tokens",
+    "throughput": "decoding throughput (tok/s)",
+}
+
+
+def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 23-24: compression and decoding cost and throughput vs r (rows of panels) per policy (columns), one line
+    per variant; medians over the timed rounds with interquartile bands."""
+    long = _label_policies(runtime.per_100(timings)).melt(
+        id_vars=["policy", "variant", "ratio"], value_vars=list(RUNTIME_PANELS), var_name="metric", value_name="value"
+    )
+    long["metric"] = long["metric"].map(RUNTIME_PANELS)
+    grid = sns.relplot(
+        data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
+        estimator="median", errorbar=("pi", 50), height=2.4, aspect=1.1, row_order=list(RUNTIME_PANELS.values()),
+        facet_kws={"sharey": "row"},
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}: {row_name}", size=8)
+    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    return grid.figure

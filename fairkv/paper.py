@@ -263,6 +263,24 @@ def debiasing(frequency: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def runtime(summary: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
+    """Figs 23-24 (one RTX A6000): compression about 0.06 s / 100 tokens for H2O, 0.065 with fair eviction, 0.08 with
+    the whitelist; decoding about 0.030 s / 100 tokens for all three, within 7%. Ours as ratios to the base (median
+    over ratios; ``runtime.summarise``), since absolute times are the machine's."""
+    ratios = summary[summary["policy"] == policy].groupby("variant")[
+        ["compress_per_100_vs_base", "decode_per_100_vs_base"]].median()
+    fair, whitelist = ratios.loc["fair"], ratios.loc["whitelist"]
+    drift = (ratios["decode_per_100_vs_base"] - 1).abs().max()
+    return pd.DataFrame([
+        _claim(f"{_label(policy)} + fair compresses at about the base's cost", "x1.08 (0.065 vs 0.06 s)",
+               f"x{fair['compress_per_100_vs_base']:.3f}", fair["compress_per_100_vs_base"] <= 1.15),
+        _claim(f"{_label(policy)} + whitelist costs at most a third more to compress", "x1.33 (0.08 vs 0.06 s)",
+               f"x{whitelist['compress_per_100_vs_base']:.3f}", whitelist["compress_per_100_vs_base"] <= 1.35),
+        _claim("decoding costs the same with every variant (within 7%)", "within 7% (about 0.030 s)",
+               f"largest difference {drift:.1%}", drift <= 0.07),
+    ])
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md."""
     folder = Path(folder)
