@@ -6,6 +6,7 @@
 - ``means``: mean of a metric per setting with a 95% interval (Wilson for 0/1 metrics, seeded bootstrap otherwise);
   the paper reports none, we do.
 - ``composite`` and ``table1``: the composite score of a mitigation against its base policy (Section 6, Table 1).
+- ``judge_agreement``: the LLM judge against ROUGE-L, per setting (Appendix L).
 - ``pareto_frequency``: per lambda, the share of ratios where it is Pareto-optimal in (accuracy, leakage)
   (Appendix H, Tables 3-4).
 
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fairkv.metrics import instruction_class, is_refusal, proportion_ci
+from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal, proportion_ci
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
 BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked", "benign_refused"}  # 0/1 per prompt: Wilson intervals
@@ -176,3 +177,24 @@ def lambda_plane(rows: pd.DataFrame) -> pd.DataFrame:
     """Directive accuracy and leakage per policy, order, lambda and ratio (the points of Figs 15-18)."""
     table = setting_means(rows)
     return table[table["variant"].str.startswith("fair")].reset_index(drop=True)
+
+
+def judge_agreement(rows: pd.DataFrame, by: tuple[str, ...] = ("policy", "variant", "ratio")) -> pd.DataFrame:
+    """How the LLM judge (``fairkv.judge``) and ROUGE-L agree on judged attack rows (Appendix L): over all distinct
+    responses (first row, ``setting`` "all") and per setting, the Spearman rho between the judge's expected severity
+    and directive ROUGE-L (NaN where either is constant), the share of responses both call a leak or both call
+    safe (judge score >= 2 vs ROUGE-L > the leak threshold), and both leak rates."""
+    def summary(frame: pd.DataFrame) -> dict:
+        rouge_leak = frame[LEAKAGE] > LEAK_THRESHOLD
+        varied = frame["judge_expected"].nunique() > 1 and frame[LEAKAGE].nunique() > 1
+        rho = stats.spearmanr(frame["judge_expected"], frame[LEAKAGE]).statistic if varied else np.nan
+        return {"n": len(frame), "rho": rho, "label_agreement": float((frame["judge_leak"] == rouge_leak).mean()),
+                "judge_leak_rate": float(frame["judge_leak"].mean()), "rouge_leak_rate": float(rouge_leak.mean())}
+
+    judged = rows.dropna(subset=["judge_expected", LEAKAGE])
+    if judged.empty:
+        raise AnalysisError("no judged attack rows: run fairkv.judge.judge_rows first")
+    out = [{"setting": "all", **summary(judged.drop_duplicates("cell_id"))}]
+    for values, frame in judged.groupby(list(by)):
+        out.append({"setting": ", ".join(f"{k}={v}" for k, v in zip(by, values)), **summary(frame)})
+    return pd.DataFrame(out)

@@ -177,8 +177,10 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     return grid.figure
 
 
-def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str) -> plt.Figure:
-    """Figs 8, 9, 13, 14: each metric (rows of panels) vs r per policy (columns), one line per variant."""
+def variant_figure(
+    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] = (-0.05, 1.05)
+) -> plt.Figure:
+    """Figs 8, 9, 13, 14, 25, 26: each metric (rows of panels) vs r per policy (columns), one line per variant."""
     long = _label_policies(rows).melt(
         id_vars=["key", "policy", "variant", "ratio"], value_vars=list(columns), var_name="metric", value_name="value"
     ).dropna(subset=["value"])
@@ -189,7 +191,7 @@ def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str) -> p
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}: {row_name}", size=8)
-    grid.set(ylim=(-0.05, 1.05))
+    grid.set(ylim=ylim)
     grid.figure.suptitle(title, fontsize=10, y=1.02)
     return grid.figure
 

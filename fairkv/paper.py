@@ -281,6 +281,27 @@ def runtime(summary: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
     ])
 
 
+def judge(rows: pd.DataFrame, agreement: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
+    """Figs 25-26: the judge's leak rate (score >= 2) shows the same inverted U as ROUGE-L; StreamingLLM's reaches
+    about 0.7-0.8 at r = 0.5-0.6, under 0.2 with the whitelist and 0.4-0.5 with fair eviction. Ours at the ratio
+    nearest 0.5, and the judge's agreement with ROUGE-L (the paper reports none)."""
+    curve = lambda variant: _curve(rows, "judge_leak", variant=variant, policy=policy)
+    r, base = _at(curve("base"), 0.5)
+    _, uncompressed = _at(curve("base"), 0.0)
+    out = [_claim(f"{_label(policy)} leak rate (judge) rises under compression (r = {r:g} vs 0)", "0.7-0.8 at r = 0.5-0.6",
+                  f"{uncompressed:.2f} -> {base:.2f}", base > uncompressed)]
+    for variant, paper in (("whitelist", "< 0.2"), ("fair", "0.4-0.5")):
+        if variant in set(rows["variant"]):
+            _, after = _at(curve(variant), r)
+            out.append(_claim(f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {r:g})", paper,
+                              f"{base:.2f} -> {after:.2f}", after < base))
+    overall = agreement.iloc[0]
+    out.append(_claim("the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", "not reported",
+                      f"rho {overall['rho']:.2f}, labels agree on {overall['label_agreement']:.0%}",
+                      overall["rho"] > 0.5))
+    return pd.DataFrame(out)
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md."""
     folder = Path(folder)
