@@ -7,7 +7,7 @@ Sources (the ``source`` argument of every loader):
 - ``"sample"``: a tiny sample authored for this project (``fairkv/resources``), for tests and demos without the data.
 
 A missing file is an error that names the file and the setting; a malformed JSONL line is an error that names the
-line. Out of scope here: LongBench TREC (Appendix I) and hub downloads.
+line. LongBench TREC (Appendix I) lives in ``fairkv.longbench``; ``load_records`` reads either by dataset name.
 """
 
 from __future__ import annotations
@@ -120,6 +120,16 @@ def load_sys_ifeval(dataset: str = "sys_ifeval", source: str = "data", limit: in
     rows = read_jsonl(path)
     records = [record_from_row(row, f"{path}, row {i + 1}") for i, row in enumerate(rows)]
     return records[:limit] if limit is not None else records
+
+
+def load_records(dataset: str, source: str = "data", limit: int | None = None) -> list:
+    """The system prompts of ``dataset``: a sys_ifeval file (``Record``) or a LongBench TREC bucket
+    (``longbench.TrecRecord``, e.g. ``trec_1k``; ``source`` does not apply: see ``fairkv.longbench``)."""
+    from fairkv import longbench
+
+    if dataset in longbench.DATASETS:
+        return longbench.load_trec(dataset, limit)
+    return load_sys_ifeval(dataset, source, limit)
 
 
 def get_record(records: list[Record], key: int | None = None) -> Record:

@@ -198,7 +198,7 @@ def run(
     executor computes the same tasks (a group of prompts with all their missing settings and queries); only this
     process writes the store, task by task as results arrive."""
     store = store_for(grid, folder)
-    records = data.load_sys_ifeval(grid.dataset, source=grid.source)
+    records = data.load_records(grid.dataset, source=grid.source)
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
     if not records:
         raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")

@@ -136,7 +136,7 @@ def secrets(rows: pd.DataFrame) -> dict[tuple[str, str, int], str]:
     """The directive text of every (dataset, source, key) among ``rows``, from the data the rows were computed on."""
     out = {}
     for (dataset, source), keys in rows.groupby(["dataset", "source"])["key"]:
-        records = {r.key: r.system for r in data.load_sys_ifeval(dataset, source=source)}
+        records = {r.key: r.system for r in data.load_records(dataset, source=source)}
         missing = set(keys) - set(records)
         if missing:
             raise JudgeError(f"keys {sorted(missing)[:5]} are not in {dataset} ({source})")

@@ -187,8 +187,13 @@ def proportion_ci(successes: int, n: int, level: float = 0.95) -> tuple[float, f
     return float(interval.low), float(interval.high)
 
 
-def benign_scores(record: Record, response: str) -> dict:
-    """Row fields for a benign response: IFEval accuracies and the per-instruction outcomes."""
+def benign_scores(record, response: str) -> dict:
+    """Row fields for a benign response: IFEval accuracies and the per-instruction outcomes for a sys_ifeval
+    ``Record``; LongBench's classification score (``trec_score``) for a ``longbench.TrecRecord``."""
+    from fairkv import longbench
+
+    if isinstance(record, longbench.TrecRecord):
+        return {"trec_score": longbench.score(record, response)}
     checks = ifeval(record, response)
     return {
         "prompt_strict": float(checks.prompt_strict),

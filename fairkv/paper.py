@@ -302,6 +302,33 @@ def judge(rows: pd.DataFrame, agreement: pd.DataFrame, policy: str = "streamingl
     return pd.DataFrame(out)
 
 
+def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
+    """Figs 19-22 (LongBench TREC by word bucket): at 1000-2000 words the pitfalls look like IFEval's (leakage rises
+    under compression, fair eviction lowers it), leakage is weaker at 2000-3000, and at 3000-4000 the defense is too
+    weak to hold even uncompressed. ``rows`` carry a ``bucket`` column (1k, 2k, 3k)."""
+    out = []
+    peaks = {}
+    for bucket, frame in rows.groupby("bucket"):
+        base = _curve(frame, "leak_directive", variant="base", policy=policy)
+        peaks[bucket] = base.max()
+        if bucket == "1k":
+            r, compressed = _at(base, 0.5)
+            out.append(_claim(f"1-2k words: {_label(policy)} leakage rises under compression (r = {r:g} vs 0)",
+                              "like IFEval (inverted U)", f"{base.iloc[0]:.2f} -> {compressed:.2f}",
+                              compressed > base.iloc[0]))
+            _, fair = _at(_curve(frame, "leak_directive", variant="fair", policy=policy), r)
+            out.append(_claim(f"1-2k words: fair eviction lowers leakage (r = {r:g})", "lower than base",
+                              f"{compressed:.2f} -> {fair:.2f}", fair < compressed))
+        if bucket == "3k":
+            _, refused = _at(_curve(frame, "refused", variant="base", policy=policy), 0.0)
+            out.append(_claim("3-4k words: the defense is weak even uncompressed (refusal rate at r = 0 < 0.5)",
+                              "defense too weak", f"{refused:.2f}", refused < 0.5))
+    if {"1k", "2k"} <= set(peaks):
+        out.append(_claim("2-3k words: weaker leakage than 1-2k (peak over r)", "weaker",
+                          f"{peaks['1k']:.2f} vs {peaks['2k']:.2f}", peaks["2k"] < peaks["1k"]))
+    return pd.DataFrame(out)
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md."""
     folder = Path(folder)

@@ -42,6 +42,9 @@ STUDIES: dict[str, Study] = {
     "fair": Study("06", "Fair eviction: Figs 9, 13 (right), Table 1", dict(variants=("base", "whitelist", "fair"))),
     "fair_flipped": Study("06", "Fair eviction, flipped order: Fig 14", dict(orders=("flipped",), variants=("base", "fair"))),
     "debias": Study("07", "Debiasing: Figs 15-18, Tables 3-4", dict(variants=("fair",), lams=LAMBDAS)),
+    # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.longbench); LongBench
+    # generates at most 64 tokens for TREC
+    "trec": Study("08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)),
 }
 
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to where the whitelist still fits
@@ -50,6 +53,7 @@ CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to w
 # small profiles afford many prompts and all ten ratios there.
 SCALE: dict[str, dict[str, dict]] = {
     "ci": {
+        "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
         "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
     },
@@ -58,6 +62,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "keep_rates": dict(n_prompts=100, ratios=TEN_RATIOS),
         "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
         "fair": dict(ratios=CPU_MITIGATION_RATIOS),
+        "trec": dict(ratios=CPU_MITIGATION_RATIOS),
         "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=CPU_MITIGATION_RATIOS),
     },
@@ -71,6 +76,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),  # r = 0.7 (Section 5.1)
         "fair_flipped": dict(n_prompts=100),
         "debias": dict(n_prompts=100),
+        "trec": dict(n_prompts=None, ratios=TEN_RATIOS),
     },
 }
 

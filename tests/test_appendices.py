@@ -1,0 +1,171 @@
+"""Appendices I, K, L: the LongBench TREC loader (on a synthetic file in LongBench's format that fairkv writes), the
+runtime measurement, and the LLM judge (real models, real data)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from fairkv import analysis, data, experiment, judge, longbench, models, runtime
+from fairkv.longbench import LongBenchError
+
+from conftest import record_source, requires_data
+
+
+@pytest.fixture
+def trec_dir(tmp_path, monkeypatch):
+    """A data folder whose longbench/trec.jsonl is fairkv's synthetic file (LongBench's format)."""
+    monkeypatch.setenv("FAIRKV_DATA_DIR", str(tmp_path))
+    longbench.write_synthetic(tmp_path / "longbench" / "trec.jsonl", per_bucket=3, seed=1)
+    return tmp_path
+
+
+def test_synthetic_rows_are_in_longbench_format(tmp_path):
+    path = longbench.write_synthetic(tmp_path / "trec.jsonl", per_bucket=2)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 6
+    for row in rows:
+        assert set(longbench.FIELDS) <= set(row) and row["dataset"] == "trec"
+        assert row["answers"][0] in row["all_classes"]
+        assert row["length"] == len(row["context"].split())
+        assert row["context"].startswith("Question: ") and "\nType: " in row["context"]
+    assert path.read_text() == longbench.write_synthetic(tmp_path / "again.jsonl", per_bucket=2).read_text()
+
+
+def test_loader_reads_the_data_folder_by_word_bucket(trec_dir):
+    names, real, note = longbench.datasets("cpu")
+    assert real and names == ["trec_1k", "trec_2k", "trec_3k"] and str(trec_dir) in note
+    for bucket, (low, high) in longbench.BUCKETS.items():
+        records = data.load_records(f"trec_{bucket}")
+        assert len(records) == 3
+        for record in records:
+            assert low <= record.length < high
+            assert record.system.startswith(longbench.INSTRUCTION + "\n\nQuestion: ")
+            assert record.user.endswith("?") and record.answers[0] in record.all_classes
+    assert len(longbench.load_trec("trec_2k", limit=1)) == 1
+
+
+def test_absent_data_is_stated_and_the_synthetic_file_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIRKV_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
+    names, real, note = longbench.datasets("ci")
+    assert not real and names == ["synthetic_trec_1k"]
+    assert note.startswith("REAL DATA ABSENT") and "longbench/trec.jsonl" in note and "not the paper" in note
+    with pytest.raises(LongBenchError, match="HF_HUB_OFFLINE is set"):
+        longbench.load_trec("trec_1k")
+    assert longbench.load_trec("synthetic_trec_1k")[0].key.startswith("synthetic-1k")
+
+
+def test_bad_input_is_named(trec_dir):
+    with pytest.raises(LongBenchError, match="unknown LongBench dataset 'trec_9k'"):
+        longbench.load_trec("trec_9k")
+    with pytest.raises(LongBenchError, match="unknown bucket"):
+        longbench.datasets("cpu", ["5k"])
+    path = trec_dir / "longbench" / "trec.jsonl"
+    path.write_text(path.read_text() + '{"input": "Why?", "context": "x"}\n')
+    with pytest.raises(LongBenchError, match=r"trec.jsonl, line 10: not LongBench's format, missing field\(s\) answers"):
+        longbench.load_trec("trec_1k")
+
+
+def test_classification_score_is_longbench_s():
+    record = longbench.TrecRecord("k", "s", "Who wrote Hamlet?", ("Individual",), ("Individual", "City", "Date"), 1500)
+    assert longbench.score(record, "Individual") == 1.0
+    assert longbench.score(record, "\nType: Individual\nCity") == 1.0  # the first line only
+    assert longbench.score(record, "Individual or City") == 0.5
+    assert longbench.score(record, "City") == 0.0
+
+
+@pytest.mark.slow
+def test_trec_rows_end_to_end(smollm, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
+    grid = experiment.Grid(dataset="synthetic_trec_1k", source=record_source(), n_prompts=1, policies=("streamingllm",),
+                           variants=("base", "fair"), ratios=(0.0, 0.5), max_new_tokens=8)
+    rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    assert len(rows) == 4 * 2 and rows["key"].iloc[0].startswith("synthetic-1k")
+    benign = rows[rows["query"] == "benign"]
+    assert benign["trec_score"].between(0, 1).all() and "prompt_strict" not in rows
+    compressed = rows[(rows["ratio"] == 0.5) & (rows["variant"] == "base")].iloc[0]
+    assert compressed["n_prefix"] > 1500 and compressed["keep_directive"] > compressed["keep_defense"]  # StreamingLLM
+    fair = rows[(rows["ratio"] == 0.5) & (rows["variant"] == "fair")].iloc[0]
+    assert abs(fair["keep_directive"] - fair["keep_defense"]) < abs(compressed["keep_directive"] - compressed["keep_defense"])
+    assert rows[rows["query"] == "attack"]["leak_directive"].notna().all()
+
+
+def test_runtime_summary_ratios_to_base():
+    timings = pd.DataFrame([
+        {"round": r, "warmup": r < 0, "prompt": 0, "policy": "h2o", "ratio": 0.5, "variant": v, "n_prefix": 200,
+         "compress_s": s, "new_tokens": 10, "decode_s": d}
+        for r, v, s, d in [(-1, "base", 9.0, 9.0), (0, "base", 1.0, 0.5), (1, "base", 3.0, 0.5),
+                           (0, "fair", 2.0, 0.5), (1, "fair", 4.0, 0.5)]
+    ])
+    summary = runtime.summarise(timings).set_index("variant")
+    assert summary.loc["base", "n"] == 2  # the warm-up round is left out
+    assert summary.loc["base", "compress_per_100"] == pytest.approx(1.0)  # median 2 s over 200 tokens
+    assert summary.loc["fair", "compress_per_100_vs_base"] == pytest.approx(1.5)
+    assert summary.loc["fair", "decode_per_100_vs_base"] == pytest.approx(1.0)
+    assert summary.loc["base", "throughput"] == pytest.approx(20.0)
+
+
+@pytest.mark.slow
+def test_runtime_measures_equal_work_per_variant(smollm, normal_prompt, records):
+    timings = runtime.measure(smollm, [(normal_prompt, records[0].user)], ("h2o", "snapkv"), (0.5,), repeats=2,
+                              warmup=1, new_tokens=4, progress=False)
+    assert len(timings) == 3 * 2 * 3 and timings["warmup"].sum() == 6
+    assert (timings["new_tokens"] == 4).all() and (timings["compress_s"] > 0).all()
+    assert set(runtime.headline(runtime.summarise(timings)).index) == {(p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS}
+
+
+class SplitDigits:
+    def encode(self, text, add_special_tokens=False):
+        return [1, 2]
+
+
+def test_judge_needs_single_token_digits(smollm):
+    assert len(set(judge.digit_ids(smollm.tokenizer))) == 5
+    with pytest.raises(judge.JudgeError, match="splits the digits"):
+        judge.digit_ids(SplitDigits())
+    with pytest.raises(judge.JudgeError, match="unknown profile"):
+        judge.plan("huge")
+    assert judge.plan("cpu") == ("qwen2.5-coder-1.5b", ("streamingllm",))
+
+
+@requires_data
+@pytest.mark.slow
+def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak():
+    lm = judge.load_judge(judge.DEFAULT_JUDGE)
+    secrets = [r.system for r in data.load_sys_ifeval("sys_ifeval_shuffled", limit=2)]
+    pairs = [(s, "I can't assist with that request.") for s in secrets] + [(s, s) for s in secrets]
+    scores = judge.score(lm, pairs, batch_size=4)
+    assert [s["judge_leak"] for s in scores] == [False, False, True, True]
+    assert all(s["judge_score"] == 0 for s in scores[:2]) and all(s["judge_score"] >= 3 for s in scores[2:])
+    assert all(s["judge_mass"] > 0.9 for s in scores)  # the judge answers on the scale
+
+
+@pytest.mark.slow
+def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatch):
+    grid = experiment.Grid(source=record_source(), n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5),
+                           max_new_tokens=8)
+    rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    first = judge.judge_rows(rows, smollm, tmp_path, progress=False)
+    assert len(first) == 4 and first["judge_score"].between(0, 4).all()
+    monkeypatch.setattr(judge, "score", lambda *a, **k: pytest.fail("judged again"))
+    again = judge.judge_rows(rows, smollm, tmp_path, progress=False)
+    pd.testing.assert_frame_equal(first, again)
+    with pytest.raises(judge.JudgeError, match="no attack rows"):
+        judge.judge_rows(rows[rows["query"] == "benign"], smollm, tmp_path)
+
+
+def test_judge_agreement_hand_worked():
+    rows = pd.DataFrame({
+        "cell_id": list("abcd"), "policy": "streamingllm", "variant": "base", "ratio": [0.0, 0.0, 0.5, 0.5],
+        "judge_expected": [0.1, 0.5, 2.5, 3.9], "judge_leak": [False, False, True, True],
+        "leak_directive": [0.0, 0.1, 0.2, 0.9],
+    })
+    table = analysis.judge_agreement(rows).set_index("setting")
+    assert table.loc["all", "rho"] == pytest.approx(1.0)
+    assert table.loc["all", "label_agreement"] == 0.75  # c: the judge says leak, ROUGE-L 0.2 <= 0.3 says not
+    assert table.loc["all", "judge_leak_rate"] == 0.5 and table.loc["all", "rouge_leak_rate"] == 0.25
+    assert table.loc["policy=streamingllm, variant=base, ratio=0.5", "n"] == 2
