@@ -7,6 +7,8 @@
   the paper reports none, we do.
 - ``composite`` and ``table1``: the composite score of a mitigation against its base policy (Section 6, Table 1).
 - ``judge_agreement``: the LLM judge against ROUGE-L, per setting (Appendix L).
+- ``per_span`` and ``starvation``: N instruction spans, per-span keep rates and compliance (beyond the paper).
+- ``by_attack`` and ``critical_ratio``: leakage per attack category, and where a defense stops holding.
 - ``pareto_frequency``: per lambda, the share of ratios where it is Pareto-optimal in (accuracy, leakage)
   (Appendix H, Tables 3-4).
 
@@ -197,4 +199,59 @@ def judge_agreement(rows: pd.DataFrame, by: tuple[str, ...] = ("policy", "varian
     out = [{"setting": "all", **summary(judged.drop_duplicates("cell_id"))}]
     for values, frame in judged.groupby(list(by)):
         out.append({"setting": ", ".join(f"{k}={v}" for k, v in zip(by, values)), **summary(frame)})
+    return pd.DataFrame(out)
+
+
+def per_span(rows: pd.DataFrame) -> pd.DataFrame:
+    """N-span rows (``fairkv.multispan``) in long format, one row per (response, span): the span count, the span,
+    its length, its keep rate, the tokens it keeps (the absolute budget) and its instruction's strict compliance."""
+    out = []
+    for row in _query(rows, "benign").itertuples():
+        spans = sorted(row.span_tokens, key=lambda name: int(name.removeprefix("span")))
+        for index, name in enumerate(spans):
+            keep = getattr(row, f"keep_{name}")
+            out.append({
+                "key": row.key, "n_spans": len(spans), "span": name, "instruction": row.instruction_ids[index],
+                "policy": row.policy, "variant": row.variant, "ratio": row.ratio, "span_tokens": row.span_tokens[name],
+                "keep_rate": keep, "kept_tokens": keep * row.span_tokens[name],
+                "compliance": float(row.strict_list[index]),
+            })
+    return pd.DataFrame(out)
+
+
+def starvation(spans: pd.DataFrame) -> pd.DataFrame:
+    """Per span count, policy and ratio: the mean compliance and the smallest span keep rate under base and fair
+    eviction, and what fair eviction changes (does it stop helping once every span starves?)."""
+    per_prompt = spans.groupby(["n_spans", "policy", "variant", "ratio", "key"]).agg(
+        compliance=("compliance", "mean"), min_keep=("keep_rate", "min"))
+    means = per_prompt.groupby(["n_spans", "policy", "variant", "ratio"]).mean().unstack("variant")
+    table = pd.DataFrame({
+        "compliance_base": means[("compliance", "base")], "compliance_fair": means[("compliance", "fair")],
+        "min_keep_base": means[("min_keep", "base")], "min_keep_fair": means[("min_keep", "fair")],
+    })
+    table["fair_gain"] = table["compliance_fair"] - table["compliance_base"]
+    return table.reset_index()
+
+
+def by_attack(rows: pd.DataFrame) -> pd.DataFrame:
+    """Attack rows with the attack's ``suite`` and ``category`` (from the query kind "attack:<suite>/<category>/<name>";
+    the paper's attack is RaccoonBench's singular_attacks / Plain)."""
+    attacks = rows[rows["query"].str.startswith("attack")]
+    if attacks.empty:
+        raise AnalysisError("no attack rows")
+    parts = attacks["query"].map(lambda q: q.split(":", 1)[1].split("/") if ":" in q else ["singular_attacks", "Plain", "prompt1"])
+    return attacks.assign(suite=parts.str[0], category=parts.str[1])
+
+
+def critical_ratio(rows: pd.DataFrame, by: list[str], metric: str = "refused", fraction: float = 0.5) -> pd.DataFrame:
+    """Per group of ``by``: the smallest compression ratio at which the mean of ``metric`` (default the refusal rate)
+    falls below ``fraction`` of its uncompressed (r = 0) value; NaN where it never does in the ratios run, or where
+    r = 0 itself is 0 (nothing to lose)."""
+    out = []
+    for values, frame in rows.groupby(by):
+        curve = frame.groupby("ratio")[metric].mean().sort_index()
+        start = curve.get(0.0, np.nan)
+        below = curve[(curve.index > 0) & (curve < fraction * start)] if start > 0 else curve.iloc[:0]
+        out.append({**dict(zip(by, values if isinstance(values, tuple) else (values,))), f"{metric}_at_0": start,
+                    "critical_ratio": float(below.index[0]) if len(below) else np.nan})
     return pd.DataFrame(out)

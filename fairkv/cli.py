@@ -1,4 +1,5 @@
-"""Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill.
+"""Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill; ``fairkv audit`` checks your own
+system prompt (``fairkv.audit``).
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
 papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import papermill
 import yaml
 
-from fairkv import figures, paper
+from fairkv import audit, figures, models, paper
 from fairkv.paths import REPO_ROOT, reports_dir
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -49,9 +51,43 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("reproduce", help="execute the numbered notebooks with papermill")
     run.add_argument("notebooks", nargs="*", help="notebook number prefixes, e.g. 00 03 (default: all)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    check = commands.add_parser("audit", help="audit your own system prompt: keep rates, leakage, compliance vs r")
+    check.add_argument("prompt", help="text file: spans marked by '## <name>' lines, or split automatically")
+    check.add_argument("--model", default=models.DEFAULT_MODEL)
+    check.add_argument("--policy", default="streamingllm")
+    check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
+    check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
+    check.add_argument("--query", help="a benign user query; needed to check compliance of spans with check=")
+    check.add_argument("--attacks", type=int, default=6, help="how many RaccoonBench attacks (the paper's first)")
+    check.add_argument("--max-new-tokens", type=int, default=64)
+    check.add_argument("--source", default="data", help="attacks from FAIRKV_DATA_DIR ('data') or the sample")
+    check.add_argument("--out", default="audit", help="folder for report.html and report.json")
+    check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
     args = parser.parse_args(argv)
+    if args.command == "audit":
+        return run_audit(args)
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
     reproduce(args.notebooks or None, parameters)
+    return 0
+
+
+def run_audit(args) -> int:
+    """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict."""
+    try:
+        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), args.query, args.defense)
+    except (OSError, audit.AuditError) as error:
+        raise SystemExit(f"fairkv audit: {error}") from error
+    print(f"spans of {args.prompt}:\n{spec.describe()}")
+    if not args.yes and input("audit these spans? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
+        return 1
+    lm = models.load_model(args.model)
+    result = audit.run(spec, lm, args.policy, args.ratios, audit.default_attacks(args.source, args.attacks),
+                       max_new_tokens=args.max_new_tokens, source=args.source)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"report: {result.to_html(out / 'report.html')} and {result.to_json(out / 'report.json')}")
+    print(result.verdict())
     return 0
 
 

@@ -123,12 +123,15 @@ def load_sys_ifeval(dataset: str = "sys_ifeval", source: str = "data", limit: in
 
 
 def load_records(dataset: str, source: str = "data", limit: int | None = None) -> list:
-    """The system prompts of ``dataset``: a sys_ifeval file (``Record``) or a LongBench TREC bucket
-    (``longbench.TrecRecord``, e.g. ``trec_1k``; ``source`` does not apply: see ``fairkv.longbench``)."""
-    from fairkv import longbench
+    """The system prompts of ``dataset``: a sys_ifeval file (``Record``), a LongBench TREC bucket
+    (``longbench.TrecRecord``, e.g. ``trec_1k``) or N instruction spans (``multispan.SpanRecord``, e.g. ``spans_5``);
+    ``source`` applies to sys_ifeval only."""
+    from fairkv import longbench, multispan
 
     if dataset in longbench.DATASETS:
         return longbench.load_trec(dataset, limit)
+    if dataset in multispan.DATASETS:
+        return multispan.load(dataset, limit)
     return load_sys_ifeval(dataset, source, limit)
 
 
@@ -152,6 +155,26 @@ def load_attacks(source: str = "data") -> list[Attack]:
         except KeyError as error:
             raise DataError(f"{path}, row {number}: missing field {error.args[0]!r}") from error
     return attacks
+
+
+ATTACK_QUERY = "attack:"  # prefix of a RaccoonBench attack as a query kind of a sweep
+
+
+def attack_query(attack: Attack) -> str:
+    """The query kind of a sweep that sends ``attack``: "attack:<suite>/<category>/<name>"."""
+    return f"{ATTACK_QUERY}{attack.suite}/{attack.category}/{attack.name}"
+
+
+def attack_queries(source: str = "data", per_category: int | None = None) -> tuple[str, ...]:
+    """Query kinds of RaccoonBench's attacks in file order, at most ``per_category`` of each (suite, category)."""
+    taken: dict[tuple[str, str], int] = {}
+    out = []
+    for attack in load_attacks(source):
+        group = (attack.suite, attack.category)
+        if per_category is None or taken.get(group, 0) < per_category:
+            taken[group] = taken.get(group, 0) + 1
+            out.append(attack_query(attack))
+    return tuple(out)
 
 
 def paper_attack(source: str = "data") -> Attack:

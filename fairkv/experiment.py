@@ -32,7 +32,9 @@ from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
 from fairkv.store import ResultsStore, StoreError
 
-QUERIES = ("benign", "attack", "keep")  # keep: no decoding, the row holds the keep rates and timings only
+# keep: no decoding, the row holds the keep rates and timings only; "attack" is the paper's attack, and any
+# RaccoonBench attack is a query kind of its own, "attack:<suite>/<category>/<name>" (data.attack_query)
+QUERIES = ("benign", "attack", "keep")
 
 
 class GridError(ValueError):
@@ -73,6 +75,7 @@ class Grid:
     lams: tuple[float, ...] = (1.0,)
     ratios: tuple[float, ...] = (0.0, 0.5)
     queries: tuple[str, ...] = ("benign", "attack")
+    template: str | None = None  # a defense template by name (defense_template.json); None: the order's template
     max_new_tokens: int = 32
     benign_tokens: int | None = None  # override for the benign query (IFEval needs longer answers)
     int8: bool = False
@@ -92,13 +95,26 @@ class Grid:
             if order not in prompts.ORDERS:
                 raise GridError(f"unknown order {order!r}: use one of {', '.join(prompts.ORDERS)}")
         for query in self.queries:
-            if query not in QUERIES:
-                raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)}")
+            if query not in QUERIES and not query.startswith(data.ATTACK_QUERY):
+                raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)} or "
+                                f"'{data.ATTACK_QUERY}<suite>/<category>/<name>'")
 
     def tokens_for(self, query: str) -> int:
         if query == "keep":
             return 0
         return self.benign_tokens if query == "benign" and self.benign_tokens else self.max_new_tokens
+
+    def attacks(self) -> dict[str, str]:
+        """The text of every attack query kind of the grid (an unknown attack is an error naming it)."""
+        wanted = [q for q in self.queries if q not in ("benign", "keep")]
+        if not wanted:
+            return {}
+        known = {data.attack_query(a): a.text for a in data.load_attacks(self.source)}
+        known["attack"] = data.paper_attack(self.source).text
+        unknown = [q for q in wanted if q not in known]
+        if unknown:
+            raise GridError(f"unknown attack(s) {unknown}; RaccoonBench's are listed by data.attack_queries()")
+        return {q: known[q] for q in wanted}
 
     def requested(self) -> list[tuple[str, str, float, float]]:
         """Every (policy, variant, lam, ratio) the grid asks for, as labels for the returned rows."""
@@ -156,6 +172,7 @@ def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, set
         "key": record.key, "order": order, "policy": setting.policy or "none", "variant": setting.variant,
         "lam": setting.lam, "ratio": setting.ratio, "query": query, "max_new_tokens": grid.tokens_for(query),
         "metrics": metrics.METRICS_VERSION,
+        **({"template": grid.template} if grid.template else {}),  # absent for the order's template: ids unchanged
     }
 
 
@@ -170,20 +187,20 @@ def store_for(grid: Grid, folder: Path | None = None) -> ResultsStore:
 
 @dataclass(frozen=True)
 class Job:
-    """What every task of a run shares: the grid, the defense templates, the attack and the library versions the
+    """What every task of a run shares: the grid, the defense templates, the attacks and the library versions the
     rows are stamped with. Executors call ``compute`` on their own loaded model (``load``), in this process or a
     Ray worker's."""
 
     grid: Grid
     templates: dict
-    attack: str
+    attacks: dict[str, str]  # query kind -> attack text
     versions: dict
 
     def load(self, device: str | None = None) -> models.LoadedModel:
         return models.load_model(self.grid.model, int8=self.grid.int8, device=device)
 
     def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
-        return _compute(lm, self.grid, task, self.templates, self.attack, self.versions)
+        return _compute(lm, self.grid, task, self.templates, self.attacks, self.versions)
 
 
 def run(
@@ -202,7 +219,7 @@ def run(
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
     if not records:
         raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")
-    job = Job(grid, data.load_defense_templates(grid.source), data.paper_attack(grid.source).text, metrics.versions())
+    job = Job(grid, data.load_defense_templates(grid.source), grid.attacks(), metrics.versions())
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
     done = store.rows()
     tasks, total = _plan(grid, records, checksum, done, job.versions, store)
@@ -254,25 +271,27 @@ def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
         )
 
 
-def _compute(lm, grid: Grid, work, templates, attack: str, versions: dict) -> list[dict]:
+def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions: dict) -> list[dict]:
     """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
-    from it, then each query kind decoded in batches across the group."""
+    from it, then the benign queries and the attack queries (all kinds together) decoded in batches across the
+    group."""
     items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
     for record, order, missing, ids in work:
-        prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
+        prompt = prompts.prompt_for(lm.tokenizer, record, templates, order, grid.template)
         policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
         prefilled = engine.prefill(lm, prompt, policies)
         cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
-    for query in ("benign", "attack"):  # one query kind at a time: its token budget is shared by the batch
-        todo = [item for item in items if item[6] == query]
+    text = {**attacks, "benign": None}
+    for benign in (True, False):  # benign, then attacks: a batch shares one token budget
+        todo = [item for item in items if item[6] != "keep" and (item[6] == "benign") == benign]
         n_batches = -(-len(todo) // grid.batch_size)  # as few batches as fit, of even size (no small tail batch)
         size = -(-len(todo) // n_batches) if todo else 1
         for chunk in range(0, len(todo), size):
             batch = todo[chunk : chunk + size]
-            pairs = [(c, p.query_ids(r.user if query == "benign" else attack)) for r, _, p, _, _, c, _, _ in batch]
-            answers = generation.answer_batch(lm, pairs, grid.tokens_for(query))
+            pairs = [(c, p.query_ids(text[q] or r.user)) for r, _, p, _, _, c, q, _ in batch]
+            answers = generation.answer_batch(lm, pairs, grid.tokens_for(batch[0][6]))
             rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(batch, answers)]
     return rows
 
@@ -283,7 +302,7 @@ def _row(grid: Grid, lm, item, versions: dict, reply: generation.Answer | None =
     row = {
         "cell_id": cid,
         **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
-        "n_prefix": prompt.n_tokens,
+        "n_prefix": prompt.n_tokens, "span_tokens": {span.name: len(span) for span in prompt.spans},
         **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "prefill_s": prefilled.seconds, "cut_s": compressed.seconds, "versions": versions,
     }

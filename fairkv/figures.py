@@ -237,3 +237,46 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     grid.set_titles("{col_name}: {row_name}", size=8)
     grid.figure.suptitle(title, fontsize=10, y=1.02)
     return grid.figure
+
+
+def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
+    """N instruction spans: keep rate and compliance per span vs r (rows), one column per span count, one line per
+    variant (means over spans and prompts, 95% bootstrap intervals)."""
+    long = spans.melt(id_vars=["n_spans", "variant", "ratio"], value_vars=["keep_rate", "compliance"],
+                      var_name="metric", value_name="value")
+    grid = sns.relplot(
+        data=long, x="ratio", y="value", hue="variant", col="n_spans", row="metric", kind="line", marker="o",
+        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0,
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name} spans: {row_name}", size=8)
+    grid.set(ylim=(-0.05, 1.05))
+    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    return grid.figure
+
+
+def budget_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
+    """Absolute budget against ratio: each span's compliance against the tokens it keeps, one panel per variant,
+    colour the span count (ratio-free: a span that keeps k tokens complies about as well whatever the prompt size?)."""
+    compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: t["kept_tokens"].round(-1).clip(upper=60))
+    grid = sns.relplot(
+        data=compressed, x="kept", y="compliance", hue="n_spans", col="variant", kind="line", marker="o",
+        errorbar=None, palette="viridis", height=2.8, aspect=1.2,
+    )
+    grid.set_axis_labels("tokens kept in the span (rounded to 10, 60 = 60+)", "compliance")
+    grid.set(ylim=(-0.05, 1.05))
+    grid.figure.suptitle(title, fontsize=10, y=1.03)
+    return grid.figure
+
+
+def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
+    """Many attacks: ``metric`` per attack category (rows of the heat map) and (variant, ratio) (columns), means over
+    prompts and the category's attacks."""
+    table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
+    sns.heatmap(table, vmin=0, vmax=1, cmap="rocket_r", annot=True, fmt=".2f", annot_kws={"size": 7}, ax=ax,
+                cbar_kws={"label": label})
+    ax.set_xlabel("variant, compression ratio r")
+    ax.set_ylabel("")
+    ax.set_title(title, fontsize=9)
+    return fig

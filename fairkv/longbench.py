@@ -171,8 +171,7 @@ SYNTHETIC_BANK = {
 }
 
 
-def write_synthetic(path: Path, per_bucket: int = 2, seed: int = 0) -> Path:
-    """Write ``per_bucket`` LongBench-format TREC rows per word bucket to ``path`` (deterministic for a seed)."""
+def _synthetic_text(per_bucket: int, seed: int) -> str:
     rng = random.Random(seed)
     examples = [(q, t) for t, questions in SYNTHETIC_BANK.items() for q in questions]
     rows = []
@@ -190,12 +189,20 @@ def write_synthetic(path: Path, per_bucket: int = 2, seed: int = 0) -> Path:
                 "dataset": "trec", "language": "en", "all_classes": list(SYNTHETIC_BANK),
                 "_id": f"synthetic-{bucket}-{index}",
             })
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def write_synthetic(path: Path, per_bucket: int = 1, seed: int = 0) -> Path:
+    """Write ``per_bucket`` LongBench-format TREC rows per word bucket to ``path`` (deterministic for a seed); an
+    existing file with other content is replaced, so the file always matches this version of fairkv."""
+    text = _synthetic_text(per_bucket, seed)
+    path = Path(path)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
     return path
 
 
 def synthetic_file() -> Path:
-    """The synthetic TREC file in the fairkv cache, written on first use."""
-    path = cache_dir() / "longbench" / "synthetic_trec.jsonl"
-    return path if path.is_file() else write_synthetic(path)
+    """The synthetic TREC file in the fairkv cache (one prompt per bucket: a pipeline check, not a sample)."""
+    return write_synthetic(cache_dir() / "longbench" / "synthetic_trec.jsonl")

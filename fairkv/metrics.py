@@ -74,6 +74,14 @@ def _ifeval():
     return utils
 
 
+def ifeval_instruction_ids() -> set[str]:
+    """Every instruction id IFEval's checker (lm-eval) can check."""
+    _ifeval()
+    from lm_eval.tasks.ifeval import instructions_registry
+
+    return set(instructions_registry.INSTRUCTION_DICT)
+
+
 @dataclass(frozen=True)
 class IFEvalResult:
     """IFEval outcome of one response: per instruction (strict, loose) and the prompt-level conjunctions."""

@@ -163,6 +163,17 @@ def paper_prompt(
     return _tokenise(tokenizer, system_text, marks, references, protect, require_protected)
 
 
+def prompt_for(
+    tokenizer: PreTrainedTokenizerBase, record, templates: dict[str, str], order: str = "normal",
+    template: str | None = None,
+) -> Prompt:
+    """The prompt a sweep compresses for ``record``: its own spans for a record with ``segments`` (N instruction
+    spans, ``fairkv.multispan``; no defense template), else the paper's prompt in ``order`` (or ``template``)."""
+    if getattr(record, "segments", ()):
+        return build_prompt(tokenizer, record.segments)
+    return paper_prompt(tokenizer, record, templates, order, template)
+
+
 def _tokenise(
     tokenizer: PreTrainedTokenizerBase,
     system_text: str,

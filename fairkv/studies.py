@@ -45,7 +45,18 @@ STUDIES: dict[str, Study] = {
     # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.longbench); LongBench
     # generates at most 64 tokens for TREC
     "trec": Study("08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)),
+    # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.multispan); compliance needs the benign query only
+    "spans": Study("11", "beyond the paper: N instruction spans", dict(dataset="spans_2", variants=("base", "fair"),
+                                                                    queries=("benign",))),
+    # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries)
+    "attacks": Study("11", "beyond the paper: many attacks", dict(variants=("base", "whitelist", "fair"))),
+    # one defense template per run (the notebook passes template=...); the paper's attack
+    "defenses": Study("11", "beyond the paper: defense strength", dict(variants=("base", "fair"), queries=("attack",))),
 }
+
+# defense templates of RaccoonBench with all their text before the directive, from weak to strong (12, 56 and 335
+# words); templates with text on both sides of the directive have no single defense span
+DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
 
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to where the whitelist still fits
 
@@ -54,6 +65,9 @@ CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to w
 SCALE: dict[str, dict[str, dict]] = {
     "ci": {
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
+        "spans": dict(n_prompts=3, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5, 0.7), benign_tokens=96),
+        "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),
+        "defenses": dict(n_prompts=3, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
         "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
     },
@@ -63,6 +77,9 @@ SCALE: dict[str, dict[str, dict]] = {
         "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
         "fair": dict(ratios=CPU_MITIGATION_RATIOS),
         "trec": dict(ratios=CPU_MITIGATION_RATIOS),
+        "spans": dict(n_prompts=6, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS, benign_tokens=160),
+        "attacks": dict(n_prompts=4, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
+        "defenses": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
         "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=CPU_MITIGATION_RATIOS),
     },
@@ -77,6 +94,9 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair_flipped": dict(n_prompts=100),
         "debias": dict(n_prompts=100),
         "trec": dict(n_prompts=None, ratios=TEN_RATIOS),
+        "spans": dict(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
+        "attacks": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
+        "defenses": dict(n_prompts=100, ratios=TEN_RATIOS),
     },
 }
 

@@ -1,0 +1,104 @@
+"""Beyond the paper (notebook 11): N-span prompts written by IFEval's checker library, every RaccoonBench attack as
+a query kind, defense templates by name; their analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairkv import analysis, data, experiment, metrics, multispan, prompts
+from fairkv.experiment import GridError
+
+from conftest import record_source, requires_data
+
+
+def test_span_prompts_are_written_and_checked_by_ifeval():
+    metrics._ifeval()
+    from lm_eval.tasks.ifeval import instructions_registry as registry
+
+    record = multispan.compose(5, 3)
+    assert record == multispan.compose(5, 3)  # seeded: the same dataset name always gives the same prompts
+    assert len(set(record.instruction_id_list)) == 5 and set(record.instruction_id_list) <= set(multispan.BANK)
+    for first in record.instruction_id_list:  # IFEval's own conflict table
+        assert not (registry.INSTRUCTION_CONFLICTS[first] - {first}) & set(record.instruction_id_list)
+    for (name, text), instruction_id, kwargs in zip(record.segments, record.instruction_id_list, record.kwargs):
+        checker = registry.INSTRUCTION_DICT[instruction_id](instruction_id)
+        assert checker.build_description(**kwargs).strip() == text  # the checker's own words, its own arguments
+    assert [r.key for r in data.load_records("spans_8", limit=3)] == [8_000_000, 8_000_001, 8_000_002]
+    with pytest.raises(multispan.MultiSpanError, match="bank holds 1 to 9"):
+        multispan.compose(10, 0)
+
+
+def test_each_span_is_scored_by_its_own_check():
+    record = next(r for r in data.load_records("spans_3", limit=20)
+                  if {"detectable_format:title", "punctuation:no_comma"} <= set(r.instruction_id_list))
+    outcome = dict(zip(record.instruction_id_list, metrics.ifeval(record, "<<A Title>>\n\nNo commas here at all.").strict))
+    assert outcome["detectable_format:title"] and outcome["punctuation:no_comma"]
+    outcome = dict(zip(record.instruction_id_list, metrics.ifeval(record, "Plain text, with a comma.").strict))
+    assert not outcome["detectable_format:title"] and not outcome["punctuation:no_comma"]
+
+
+def test_span_prompt_has_one_span_per_instruction(smollm):
+    record = multispan.compose(8, 0)
+    prompt = prompts.prompt_for(smollm.tokenizer, record, {})
+    assert [s.name for s in prompt.spans] == [f"span{i}" for i in range(1, 9)]
+    for span, (_, text) in zip(prompt.spans[1:], record.segments[1:]):
+        assert smollm.tokenizer.decode(prompt.ids[0, span.start : span.end]).strip().startswith(text.strip()[:20])
+    assert prompt.references == {name: text for name, text in record.segments}
+
+
+@pytest.mark.slow
+def test_span_rows_per_span_and_fair_keeps_every_span_alike(smollm, tmp_path):
+    grid = experiment.Grid(dataset="spans_3", n_prompts=2, policies=("streamingllm",), variants=("base", "fair"),
+                           ratios=(0.0, 0.5), queries=("benign",), max_new_tokens=16)
+    spans = analysis.per_span(experiment.run(grid, tmp_path, progress=False, lm=smollm))
+    assert len(spans) == 2 * 4 * 3 and set(spans["span"]) == {"span1", "span2", "span3"}
+    assert (spans["kept_tokens"] <= spans["span_tokens"]).all() and spans["compliance"].isin([0.0, 1.0]).all()
+    fair = spans[(spans["variant"] == "fair") & (spans["ratio"] == 0.5)].groupby("key")["keep_rate"]
+    assert (fair.max() - fair.min()).max() < 0.15
+    base = spans[(spans["variant"] == "base") & (spans["ratio"] == 0.5)].groupby("key")["keep_rate"]
+    assert (base.max() - base.min()).min() > (fair.max() - fair.min()).max()  # StreamingLLM: the middle span starves
+    table = analysis.starvation(spans)
+    assert set(table["n_spans"]) == {3} and table["fair_gain"].notna().all()
+
+
+@requires_data
+def test_attack_query_kinds():
+    one_each = data.attack_queries(per_category=1)
+    attacks = data.load_attacks()
+    assert len(one_each) == len({(a.suite, a.category) for a in attacks}) == 30
+    assert len(data.attack_queries()) == len(attacks) == 59
+    assert "attack:singular_attacks/Plain/prompt1" in one_each
+    grid = experiment.Grid(queries=("attack", one_each[3]))
+    assert set(grid.attacks()) == {"attack", one_each[3]} and grid.attacks()["attack"] == data.paper_attack().text
+    with pytest.raises(GridError, match="unknown attack"):
+        experiment.Grid(queries=("attack:singular_attacks/Plain/none",)).attacks()
+    with pytest.raises(GridError, match="unknown query kind 'leak'"):
+        experiment.Grid(queries=("leak",))
+
+
+@requires_data
+@pytest.mark.slow
+def test_many_attacks_and_a_named_defense_template(smollm, tmp_path):
+    queries = data.attack_queries(per_category=1)[:3]
+    grid = experiment.Grid(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), queries=("attack",) + queries,
+                           max_new_tokens=8)
+    rows = analysis.by_attack(experiment.run(grid, tmp_path, progress=False, lm=smollm))
+    assert set(rows["query"]) == {"attack", *queries} and rows["leak_directive"].notna().all()
+    assert set(rows["category"]) == {"Plain"} | {q.split("/")[1] for q in queries}
+    strong = grid.with_overrides(template="long_defense_GptInfinite", queries=("attack",))
+    again = experiment.run(strong, tmp_path, progress=False, lm=smollm)
+    assert not set(again["cell_id"]) & set(rows["cell_id"])  # the template is part of a cell's identity
+    assert again["n_prefix"].iloc[0] > rows["n_prefix"].iloc[0] + 300  # 335 words of defense
+
+
+def test_critical_ratio_hand_worked():
+    rows = pd.DataFrame({
+        "template": ["weak"] * 4 + ["strong"] * 4 + ["never"] * 2, "ratio": [0, 0.3, 0.5, 0.7] * 2 + [0, 0.5],
+        "refused": [1.0, 0.6, 0.4, 0.0, 1.0, 1.0, 0.8, 0.2, 0.0, 0.0],
+    })
+    table = analysis.critical_ratio(rows, ["template"]).set_index("template")
+    assert table.loc["weak", "critical_ratio"] == 0.5  # 0.4 < half of 1.0
+    assert table.loc["strong", "critical_ratio"] == 0.7
+    assert np.isnan(table.loc["never", "critical_ratio"])  # nothing to lose at r = 0
