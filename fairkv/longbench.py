@@ -17,6 +17,7 @@ loader and run the pipeline; everything computed on it is labelled synthetic and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -184,10 +185,12 @@ def _synthetic_text(per_bucket: int, seed: int) -> str:
                 lines.append(f"Question: {question}\nType: {kind}")
                 words += len(lines[-1].split())
             question, kind = rng.choice(examples)
+            context = "\n".join(lines)
+            digest = hashlib.sha256(f"{context}\n{question}".encode()).hexdigest()[:8]  # new content, new cells
             rows.append({
-                "input": question, "context": "\n".join(lines), "answers": [kind], "length": words,
+                "input": question, "context": context, "answers": [kind], "length": words,
                 "dataset": "trec", "language": "en", "all_classes": list(SYNTHETIC_BANK),
-                "_id": f"synthetic-{bucket}-{index}",
+                "_id": f"synthetic-{bucket}-{index}-{digest}",
             })
     return "".join(json.dumps(row) + "\n" for row in rows)
 

@@ -77,8 +77,9 @@ SCALE: dict[str, dict[str, dict]] = {
         "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
         "fair": dict(ratios=CPU_MITIGATION_RATIOS),
         "trec": dict(ratios=CPU_MITIGATION_RATIOS),
-        "spans": dict(n_prompts=6, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS, benign_tokens=160),
-        "attacks": dict(n_prompts=4, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
+        # notebook 11 on 2 cores: StreamingLLM (the paper's headline policy), few prompts
+        "spans": dict(n_prompts=3, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
+        "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),
         "defenses": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
         "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=CPU_MITIGATION_RATIOS),
