@@ -55,7 +55,8 @@ class Spec:
     def describe(self) -> str:
         lines = []
         for name, text in self.segments:
-            tags = [tag for tag, on in (("defense", name == self.defense), (f"check {self.checks.get(name, ('',))[0]}", name in self.checks)) if on]
+            tags = (["defense"] if name == self.defense else []) + (
+                [f"check {self.checks[name][0]}"] if name in self.checks else [])
             lines.append(f"[{name}]{' (' + ', '.join(tags) + ')' if tags else ''} {text[:100]}{'...' if len(text) > 100 else ''}")
         return "\n".join(lines)
 

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, judge, longbench, models, runtime
+from fairkv import analysis, data, experiment, judge, longbench, runtime
 from fairkv.longbench import LongBenchError
 
 from conftest import record_source, requires_data

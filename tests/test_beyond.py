@@ -10,7 +10,7 @@ import pytest
 from fairkv import analysis, data, experiment, metrics, multispan, prompts
 from fairkv.experiment import GridError
 
-from conftest import record_source, requires_data
+from conftest import requires_data
 
 
 def test_span_prompts_are_written_and_checked_by_ifeval():
