@@ -76,7 +76,8 @@ SCALE: dict[str, dict[str, dict]] = {
         "keep_rates": dict(n_prompts=100, ratios=TEN_RATIOS),
         "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
         "fair": dict(ratios=CPU_MITIGATION_RATIOS),
-        "trec": dict(ratios=CPU_MITIGATION_RATIOS),
+        # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies
+        "trec": dict(policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
         # notebook 11 on 2 cores: StreamingLLM (the paper's headline policy), few prompts
         "spans": dict(n_prompts=3, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
         "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),
