@@ -26,6 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fairkv.data import read_jsonl
 from fairkv.paths import DATA_DIR_SETTING, cache_dir, data_dir
 
 # LongBench's dataset2prompt["trec"], split at the examples: the instruction and examples form the directive
@@ -112,13 +113,8 @@ def load_trec(dataset: str, limit: int | None = None) -> list[TrecRecord]:
     files = [synthetic_file()] if synthetic else trec_files()
     records, seen = [], set()
     for path in files:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = record_from_row(json.loads(line), f"{path}, line {number}")
-            except json.JSONDecodeError as error:
-                raise LongBenchError(f"{path}, line {number}: not valid JSON ({error.msg})") from error
+        for number, row in enumerate(read_jsonl(path), start=1):  # a malformed line: DataError naming it
+            record = record_from_row(row, f"{path}, row {number}")
             if low <= record.length < high and record.key not in seen:
                 seen.add(record.key)
                 records.append(record)

@@ -66,7 +66,7 @@ def test_bad_input_is_named(trec_dir):
         longbench.datasets("cpu", ["5k"])
     path = trec_dir / "longbench" / "trec.jsonl"
     path.write_text(path.read_text() + '{"input": "Why?", "context": "x"}\n')
-    with pytest.raises(LongBenchError, match=r"trec.jsonl, line 10: not LongBench's format, missing field\(s\) answers"):
+    with pytest.raises(LongBenchError, match=r"trec.jsonl, row 10: not LongBench's format, missing field\(s\) answers"):
         longbench.load_trec("trec_1k")
 
 
