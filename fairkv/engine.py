@@ -13,7 +13,6 @@ rebuilt from the key shape at cut time) or that change the prefill itself.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +20,7 @@ from kvpress import BasePress
 from transformers import DynamicCache
 
 from fairkv.generation import Compressed, check_policy_fits
-from fairkv.models import LoadedModel
+from fairkv.models import LoadedModel, clock
 from fairkv.presses import check_ratio, make_press
 from fairkv.presses.scoring import ranking_scores, span_local_scores
 from fairkv.presses.selection import check_variant_inputs, choose, gather_kept
@@ -70,10 +69,10 @@ def prefill(lm: LoadedModel, prompt: Prompt, policies: tuple[str, ...]) -> Prefi
         check_policy_fits(lm, prompt, policy)
     collector = _ScoreCollector(tuple(policies), tuple((s.start, s.end) for s in prompt.spans))
     cache = DynamicCache()
-    start = time.perf_counter()
+    start = clock(lm.device)
     with collector(lm.model):
         lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
-    return Prefilled(prompt, cache, collector.scores, time.perf_counter() - start)
+    return Prefilled(prompt, cache, collector.scores, clock(lm.device) - start)
 
 
 def cut(
@@ -89,7 +88,8 @@ def cut(
     prompt = prefilled.prompt
     if policy is not None:
         check_variant_inputs(variant, prompt.spans, prompt.protected)
-    start = time.perf_counter()
+    device = prefilled.cache.layers[0].keys.device
+    start = clock(device)
     cache, kept = DynamicCache(), {}
     spans = tuple((s.start, s.end) for s in prompt.spans)
     for layer in range(prefilled.n_layers):
@@ -112,4 +112,4 @@ def cut(
         ).to(keys.device)
         kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
         cache.update(kept_keys, kept_values, layer)
-    return Compressed(cache, prompt.n_tokens, kept, time.perf_counter() - start, policy, ratio, variant, lam)
+    return Compressed(cache, prompt.n_tokens, kept, clock(device) - start, policy, ratio, variant, lam)

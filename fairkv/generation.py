@@ -11,14 +11,13 @@ One compressed cache serves every query: decoding builds a new cache around it a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from fairkv.models import LoadedModel
+from fairkv.models import LoadedModel, clock
 from fairkv.presses import build_press, get_policy
 from fairkv.prompts import Prompt, PromptError
 
@@ -85,7 +84,7 @@ def compress(
     """
     cache = DynamicCache()
     n = prompt.n_tokens
-    start = time.perf_counter()
+    start = clock(lm.device)
     if policy is None:
         lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = {}
@@ -97,7 +96,7 @@ def compress(
         with press(lm.model):
             lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = press.kept
-    return Compressed(cache, n, kept, time.perf_counter() - start, policy, ratio, variant, lam)
+    return Compressed(cache, n, kept, clock(lm.device) - start, policy, ratio, variant, lam)
 
 
 def _batch_cache(caches: list[DynamicCache], length: int) -> tuple[DynamicCache, torch.Tensor]:
@@ -132,7 +131,7 @@ def answer_batch(
     """
     device, stops = lm.device, stop_token_ids(lm)
     pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else min(stops)
-    start = time.perf_counter()
+    start = clock(device)
     cache_len = max(c.cache.get_seq_length() for c, _ in items)
     q_len = max(q.shape[1] for _, q in items)
     cache, cache_mask = _batch_cache([c.cache for c, _ in items], cache_len)
@@ -170,7 +169,7 @@ def answer_batch(
         logits = lm.model(
             input_ids=tokens.unsqueeze(1), past_key_values=cache, attention_mask=mask, position_ids=positions + step
         ).logits
-    seconds = (time.perf_counter() - start) / len(items)
+    seconds = (clock(device) - start) / len(items)
     return [
         Answer(text=lm.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids, seconds=seconds)
         for ids in generated

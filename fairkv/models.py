@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,14 @@ class LoadedModel:
 def default_device() -> str | None:
     """The GPU when torch sees one (sweeps on a GPU machine), else None (the CPU)."""
     return "cuda" if torch.cuda.is_available() else None
+
+
+def clock(device: torch.device | str | None = None) -> float:
+    """``time.perf_counter()`` once ``device`` has run its queued work: CUDA runs kernels asynchronously, so a GPU
+    timing read without synchronising would measure only their launch."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def load_model(
