@@ -152,7 +152,8 @@ class Audit:
         critical = self.critical_ratio()
         if critical is None:
             return (f"Up to r = {summary.index.get_level_values('ratio').max():g}, {self.policy} keeps enough of your "
-                    f"prompt: the base policy leaks in fewer than half the attacks at every ratio audited.")
+                    f"prompt: the base policy leaks in fewer than half the attacks at every ratio audited."
+                    + self._compliance_words(summary))
         base = summary.loc[("base", critical)]
         words = [f"At r >= {critical:g} with {self.policy}"]
         if self.spec.defense:
@@ -165,7 +166,26 @@ class Audit:
                 words.append(f"; {variant} eviction " if variant == "fair" else "; the whitelist ")
                 words.append(f"keeps the leak rate below 50% up to r = {safe.max():g}" if len(safe) else
                              "does not keep the leak rate below 50% at any ratio audited")
-        return "".join(words) + "."
+        return "".join(words) + "." + self._compliance_words(summary)
+
+    def _compliance_words(self, summary: pd.DataFrame) -> str:
+        """Per checked span: is it followed uncompressed, and from which ratio does each variant lose it?"""
+        sentences = []
+        for name in self.spec.checks:
+            column = f"complies_{name}"
+            start = summary.loc[("base", 0.0), column]
+            if not start:
+                sentences.append(f" Your checkable span {name!r} is not followed even uncompressed, so it says "
+                                 f"nothing about compression.")
+                continue
+            lost = []
+            for variant in ("base", "whitelist", "fair"):
+                if variant in summary.index.get_level_values("variant"):
+                    curve = summary.loc[variant, column]
+                    failing = curve[(curve.index > 0) & (curve < start)].index
+                    lost.append(f"{variant} from r = {failing.min():g}" if len(failing) else f"{variant} never")
+            sentences.append(f" Your checkable span {name!r} is followed uncompressed and lost with {', '.join(lost)}.")
+        return "".join(sentences)
 
     def to_json(self, path: Path) -> Path:
         payload = {

@@ -65,7 +65,7 @@ def _label(policy: str) -> str:
     return get_policy(policy).label
 
 
-def verdict(table: pd.DataFrame, model: str, profile: str, n: int) -> str:
+def verdict(table: pd.DataFrame, model: str, profile: str, n: int | str) -> str:
     """One sentence: how many of the notebook's claims reproduce, and which do not."""
     failed = table.loc[~table["holds"], "claim"].tolist()
     held = int(table["holds"].sum())
@@ -326,6 +326,71 @@ def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
     if {"1k", "2k"} <= set(peaks):
         out.append(_claim("2-3k words: weaker leakage than 1-2k (peak over r)", "weaker",
                           f"{peaks['1k']:.2f} vs {peaks['2k']:.2f}", peaks["2k"] < peaks["1k"]))
+    return pd.DataFrame(out)
+
+
+def beyond(starved: pd.DataFrame, attacks: pd.DataFrame, critical: pd.DataFrame, ladder: list[str],
+           policy: str = "streamingllm") -> pd.DataFrame:
+    """Notebook 11 (beyond the paper): the paper's mechanisms checked where it did not look, and its open questions
+    (end of ../shared/PAPER.md) answered on our rows. ``starved`` is ``analysis.starvation``, ``attacks`` the
+    ``analysis.by_attack`` rows, ``critical`` ``analysis.critical_ratio`` per (template, policy, variant) and
+    ``ladder`` the defense templates from weak to strong. The paper column says what the paper shows for its one
+    setting (two spans, the Plain attack, one defense) or "open" where it asks the question."""
+    out = []
+    spans = starved[(starved["policy"] == policy) & (starved["ratio"] > 0)]
+    picked = attacks[attacks["policy"] == policy]
+    if spans.empty or picked.empty:
+        raise analysis.AnalysisError(f"no compressed {_label(policy)} rows in the spans or the attacks study")
+    top = spans[spans["ratio"] == spans["ratio"].max()].set_index("n_spans")
+    r = float(spans["ratio"].max())
+    out.append(_claim(f"N spans: fair eviction keeps the smallest span at least as well as {_label(policy)} at every N "
+                      f"(r = {r:g})", "equal keep rate per span (Sec 5.2, two spans)",
+                      ", ".join(f"N={n}: {row.min_keep_base:.2f} -> {row.min_keep_fair:.2f}" for n, row in top.iterrows()),
+                      (top["min_keep_fair"] >= top["min_keep_base"] - 1e-6).all()))
+    gain = spans.groupby("n_spans")["fair_gain"].mean()
+    out.append(_claim(f"N spans: fair eviction raises per-span compliance at every N (mean over r > 0, {_label(policy)})",
+                      "open: does it stop helping once every span starves?",
+                      ", ".join(f"N={n}: {g:+.2f}" for n, g in gain.items()), (gain > 0).all()))
+
+    r = float(picked["ratio"].max())
+    means = picked.groupby(["category", "variant", "ratio"])[["leak_directive", "refused"]].mean()
+    leak = means["leak_directive"].unstack("ratio")
+    refused = means["refused"].unstack("ratio")
+    base = leak.xs("base", level="variant")
+    rises = int((base[r] > base[0.0]).sum())
+    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} raises leakage in most attack categories",
+                      "leakage rises with r (Pitfall 3, Plain attack only)", f"{rises} of {len(base)} categories",
+                      rises > len(base) / 2))
+    dropped = refused.xs("base", level="variant")
+    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} drops the refusal (mean over categories)",
+                      "the defense is dropped first (Pitfall 4, Plain attack only)",
+                      f"{dropped[0.0].mean():.2f} -> {dropped[r].mean():.2f}", dropped[r].mean() < dropped[0.0].mean()))
+    for variant, paper in (("whitelist", "lower than base (Fig 8, Plain attack)"),
+                           ("fair", "lower than base (Fig 9, Plain attack)")):
+        if variant in set(picked["variant"]):
+            after = leak.xs(variant, level="variant")[r]
+            lower = int((after < base[r]).sum())
+            out.append(_claim(f"many attacks: {variant} lowers mean leakage over categories (r = {r:g})", paper,
+                              f"{base[r].mean():.2f} -> {after.mean():.2f} ({lower} of {len(base)} categories lower)",
+                              after.mean() < base[r].mean()))
+    if "whitelist" in set(picked["variant"]):
+        kept = refused.xs("whitelist", level="variant")[r]
+        out.append(_claim(f"many attacks: the whitelist keeps the refusal (mean over categories, r = {r:g})",
+                          "restored (Fig 8, Plain attack)", f"{dropped[r].mean():.2f} -> {kept.mean():.2f}",
+                          kept.mean() > dropped[r].mean()))
+
+    ladder_rows = critical[critical["variant"] == "base"].set_index("template").loc[list(ladder)]
+    refusal = ladder_rows["refused_at_0"]
+    out.append(_claim("defense strength: a stronger template refuses at least as often uncompressed (weak to strong)",
+                      "one template only", ", ".join(f"{t}: {v:.2f}" for t, v in refusal.items()),
+                      refusal.is_monotonic_increasing))
+    # a template whose refusal never halves in the ratios run holds beyond them (inf); one that never refuses has no
+    # critical ratio at all (NaN), so the claim cannot hold for it
+    moved = ladder_rows["critical_ratio"].where(refusal == 0, ladder_rows["critical_ratio"].fillna(np.inf))
+    out.append(_claim("defense strength: a stronger template moves the critical ratio (refusal halves) up",
+                      "open", ", ".join(f"{t}: {'never' if np.isinf(c) else 'no refusal' if np.isnan(c) else f'{c:g}'}"
+                                        for t, c in moved.items()),
+                      moved.notna().all() and moved.is_monotonic_increasing))
     return pd.DataFrame(out)
 
 

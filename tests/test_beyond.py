@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, metrics, multispan, prompts
+from fairkv import analysis, data, experiment, metrics, multispan, paper, prompts
 from fairkv.experiment import GridError
 
 from conftest import requires_data
@@ -102,3 +102,27 @@ def test_critical_ratio_hand_worked():
     assert table.loc["weak", "critical_ratio"] == 0.5  # 0.4 < half of 1.0
     assert table.loc["strong", "critical_ratio"] == 0.7
     assert np.isnan(table.loc["never", "critical_ratio"])  # nothing to lose at r = 0
+
+
+def test_beyond_claims_hand_worked():
+    starved = pd.DataFrame({
+        "n_spans": [2, 2, 8, 8], "policy": "streamingllm", "ratio": [0.0, 0.5] * 2,
+        "min_keep_base": [1.0, 0.2, 1.0, 0.0], "min_keep_fair": [1.0, 0.5, 1.0, 0.5], "fair_gain": [0.0, 0.3, 0.0, -0.1],
+    })
+    leak = {("A", "base"): (0.1, 0.6), ("A", "whitelist"): (0.1, 0.2), ("A", "fair"): (0.1, 0.7),
+            ("B", "base"): (0.2, 0.1), ("B", "whitelist"): (0.2, 0.1), ("B", "fair"): (0.2, 0.3)}
+    attacks = pd.DataFrame([{"category": c, "variant": v, "policy": "streamingllm", "ratio": r, "leak_directive": x,
+                             "refused": 1.0 if r == 0 or v == "whitelist" else 0.0}
+                            for (c, v), values in leak.items() for r, x in zip((0.0, 0.5), values)])
+    critical = pd.DataFrame({"template": ["weak", "strong", "silent"], "variant": "base",
+                             "refused_at_0": [0.5, 0.9, 0.0], "critical_ratio": [0.3, np.nan, np.nan]})
+    claims = paper.beyond(starved, attacks, critical, ["weak", "strong"]).set_index("claim")["holds"]
+    assert claims.tolist() == [True, False, False, True, True, False, True, True, True]
+    # 0.2 -> 0.5 and 0.0 -> 0.5 at r = 0.5; fair loses compliance at 8 spans; leakage rises in 1 of 2 categories;
+    # refusal 1 -> 0; whitelist 0.35 -> 0.15, fair 0.35 -> 0.5; whitelist refusal 0 -> 1; refusal at r = 0 0.5 <= 0.9;
+    # the strong template never halves (inf) after the weak one's 0.3
+    reversed_ = paper.beyond(starved, attacks, critical, ["strong", "weak"])
+    assert not reversed_["holds"].iloc[-1] and "strong: never, weak: 0.3" in reversed_["ours"].iloc[-1]
+    assert not paper.beyond(starved, attacks, critical, ["weak", "silent"])["holds"].iloc[-1]  # nothing to move
+    with pytest.raises(analysis.AnalysisError, match="no compressed H2O rows"):
+        paper.beyond(starved, attacks, critical, ["weak"], policy="h2o")
