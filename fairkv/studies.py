@@ -55,7 +55,9 @@ STUDIES: dict[str, Study] = {
 }
 
 # defense templates of RaccoonBench with all their text before the directive, from weak to strong (12, 56 and 335
-# words); templates with text on both sides of the directive have no single defense span
+# words); templates with text on both sides of the directive have no single defense span. The refusal rate counts the
+# standard template's scripted reply and its variants (metrics.is_refusal); a reply another template scripts (the
+# GptInfinite template's "ACCESS DENIED") counts as "other", so read its leakage beside its refusal rate
 DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
 
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to where the whitelist still fits
