@@ -80,8 +80,9 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair": dict(ratios=CPU_MITIGATION_RATIOS),
         # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies
         "trec": dict(policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
-        # notebook 11 on 2 cores: StreamingLLM (the paper's headline policy), few prompts
-        "spans": dict(n_prompts=3, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
+        # notebook 11 on 2 cores, 62 min: StreamingLLM (the paper's headline policy), 10 prompts per span count (3 left
+        # the open question to noise), 2 per attack
+        "spans": dict(n_prompts=10, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
         "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),
         "defenses": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
         "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
