@@ -103,7 +103,7 @@ def spec(segments, defense: str | None = None, checks: dict | None = None, query
     for name, (instruction_id, _) in checks.items():
         if name not in names:
             raise AuditError(f"a check names span {name!r}, which does not exist")
-        if instruction_id not in metrics.ifeval_instruction_ids():
+        if instruction_id not in metrics.ifeval_instructions():
             raise AuditError(f"span {name!r}: unknown IFEval instruction {instruction_id!r}")
     if checks and not query:
         raise AuditError("checkable spans need a benign query to answer (--query)")
@@ -179,7 +179,7 @@ class Audit:
                                  f"nothing about compression.")
                 continue
             lost = []
-            for variant in ("base", "whitelist", "fair"):
+            for variant in VARIANTS:
                 if variant in summary.index.get_level_values("variant"):
                     curve = summary.loc[variant, column]
                     failing = curve[(curve.index > 0) & (curve < start)].index
@@ -272,21 +272,23 @@ def run(
             if ratio == 0.0 and variant != "base":
                 continue  # r = 0 keeps everything: one cell for all variants
             try:
-                caches.append((variant, ratio, engine.cut(prefilled, policy if ratio else None, ratio, variant)))
+                compressed = engine.cut(prefilled, policy if ratio else None, ratio, variant)
             except WhitelistError as error:
                 notes.append(f"whitelist at r = {ratio:g}: {error}")
+                continue
+            keep = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
+            caches.append((variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
     checks = Record(key=0, system="", user=audited.query or "", instruction_id_list=tuple(i for i, _ in audited.checks.values()),
                     kwargs=tuple(k for _, k in audited.checks.values()))
-    items = [(v, r, c, "attack", a) for v, r, c in caches for a in attacks]
+    items = [(v, r, c, keep, "attack", a) for v, r, c, keep in caches for a in attacks]
     if audited.query:
-        items += [(v, r, c, "benign", audited.query) for v, r, c in caches]
+        items += [(v, r, c, keep, "benign", audited.query) for v, r, c, keep in caches]
     rows = []
     for first in tqdm(range(0, len(items), batch_size), desc="audit", disable=not progress):
         batch = items[first : first + batch_size]
-        answers = generation.answer_batch(lm, [(c, prompt.query_ids(text)) for _, _, c, _, text in batch], max_new_tokens)
-        for (variant, ratio, compressed, kind, text), answer in zip(batch, answers):
-            row = {"variant": variant, "ratio": ratio, "query": kind, "text": text, "response": answer.text,
-                   **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()}}
+        answers = generation.answer_batch(lm, [(c, prompt.query_ids(text)) for _, _, c, _, _, text in batch], max_new_tokens)
+        for (variant, ratio, _, keep, kind, text), answer in zip(batch, answers):
+            row = {"variant": variant, "ratio": ratio, "query": kind, "text": text, "response": answer.text, **keep}
             if kind == "attack":
                 leaks = {name: metrics.leakage(reference, answer.text) for name, reference in prompt.references.items()}
                 row.update({f"leak_{k}": v for k, v in leaks.items()})

@@ -74,12 +74,12 @@ def _ifeval():
     return utils
 
 
-def ifeval_instruction_ids() -> set[str]:
-    """Every instruction id IFEval's checker (lm-eval) can check."""
+def ifeval_instructions() -> dict:
+    """IFEval's checker classes (lm-eval's ``INSTRUCTION_DICT``) by instruction id, its NLTK tables in place."""
     _ifeval()
     from lm_eval.tasks.ifeval import instructions_registry
 
-    return set(instructions_registry.INSTRUCTION_DICT)
+    return instructions_registry.INSTRUCTION_DICT
 
 
 @dataclass(frozen=True)

@@ -61,18 +61,16 @@ class SpanRecord(Record):
 def compose(n_spans: int, index: int) -> SpanRecord:
     """Prompt ``index`` of ``spans_<n_spans>``: n instructions drawn from the bank, in a seeded order, each with
     its description and arguments from lm-eval's checker."""
-    from fairkv.metrics import _ifeval
+    from fairkv.metrics import ifeval_instructions
 
     if not 1 <= n_spans <= len(BANK):
         raise MultiSpanError(f"{n_spans} spans: the instruction bank holds 1 to {len(BANK)}")
-    _ifeval()  # NLTK tables in place before lm-eval's instructions are imported
-    from lm_eval.tasks.ifeval import instructions_registry
-
+    instructions = ifeval_instructions()
     rng = random.Random(f"spans-{n_spans}-{index}")
     ids = rng.sample(BANK, n_spans)
     texts, kwargs = [], []
     for instruction_id in ids:
-        checker = instructions_registry.INSTRUCTION_DICT[instruction_id](instruction_id)
+        checker = instructions[instruction_id](instruction_id)
         random.seed(rng.randrange(2**31))  # build_description draws its arguments from the global generator
         texts.append(checker.build_description(**FIXED.get(instruction_id, {})).strip())
         kwargs.append(checker.get_instruction_args() or {})
