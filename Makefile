@@ -2,15 +2,10 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The reference data (sys_ifeval, RaccoonBench) is read from FAIRKV_DATA_DIR; by default the shared folder beside the
-# repository when it exists. Without it the quickstart runs on the sample shipped with fairkv and data tests skip.
-ifneq ($(wildcard ../shared/data),)
-export FAIRKV_DATA_DIR ?= $(abspath ../shared/data)
-endif
+# The reference data (sys_ifeval, RaccoonBench) ships in data/; FAIRKV_DATA_DIR points fairkv at another copy.
 # The embedded models are files on disk: never reach for the hub.
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
-DATA_SOURCE := $(if $(FAIRKV_DATA_DIR),data,sample)
 # cpu: the embedded-default reproduction (Qwen2.5-Coder-1.5B); ci: SmolLM2, minutes; paper: a GPU and a HF model
 PROFILE ?= cpu
 
@@ -30,8 +25,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 	touch $@
 
 reproduce: setup
-	@echo "data source: $(DATA_SOURCE) (FAIRKV_DATA_DIR=$(FAIRKV_DATA_DIR))"
-	$(BIN)/fairkv reproduce -p profile $(PROFILE) -p data_source $(DATA_SOURCE)
+	$(BIN)/fairkv reproduce -p profile $(PROFILE)
 
 test: setup
 	$(BIN)/python -m pytest tests notebooks --durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg

@@ -27,12 +27,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
-from tqdm import tqdm
 
 from fairkv import data, engine, generation, metrics, models, prompts
 from fairkv.data import Record
 from fairkv.presses import check_ratio, get_policy
 from fairkv.presses.selection import WhitelistError
+from fairkv.progress import bar as progress_bar
 
 VARIANTS = ("base", "whitelist", "fair")
 HEADER = re.compile(r"^##\s+(?P<name>[\w.-]+)(?:\s+check=(?P<check>\S+)(?:\s+(?P<kwargs>\{.*\}))?)?\s*$")
@@ -239,17 +239,17 @@ table{{border-collapse:collapse}}pre{{white-space:pre-wrap;margin:0}}.verdict{{f
         return Path(path)
 
 
-def default_attacks(source: str = "data", n: int = 6) -> list[str]:
+def default_attacks(n: int = 6) -> list[str]:
     """The paper's attack and the first attack of the next ``n - 1`` RaccoonBench categories."""
-    by_query = {data.attack_query(a): a.text for a in data.load_attacks(source)}
-    queries = [q for q in data.attack_queries(source, per_category=1) if "/Plain/" not in q][: n - 1]
-    return [data.paper_attack(source).text] + [by_query[q] for q in queries]
+    by_query = {data.attack_query(a): a.text for a in data.load_attacks()}
+    queries = [q for q in data.attack_queries(per_category=1) if "/Plain/" not in q][: n - 1]
+    return [data.paper_attack().text] + [by_query[q] for q in queries]
 
 
 def run(
     audited: Spec, lm: models.LoadedModel, policy: str = "streamingllm", ratios=(0.0, 0.25, 0.5, 0.75),
     attacks: list[str] | None = None, variants=VARIANTS, max_new_tokens: int = 64, batch_size: int = 32,
-    source: str = "data", progress: bool = True,
+    progress: bool = True,
 ) -> Audit:
     """Audit ``audited`` on ``lm`` under ``policy``: see the module docstring."""
     get_policy(policy)
@@ -258,7 +258,7 @@ def run(
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise AuditError(f"unknown variant(s) {sorted(unknown)}: use {', '.join(VARIANTS)}")
-    attacks = attacks or default_attacks(source)
+    attacks = attacks or default_attacks()
     defense_text = dict(audited.segments).get(audited.defense)
     prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=(defense_text,) if defense_text else ())
     notes = [f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks"]
@@ -284,7 +284,8 @@ def run(
     if audited.query:
         items += [(v, r, c, keep, "benign", audited.query) for v, r, c, keep in caches]
     rows = []
-    for first in tqdm(range(0, len(items), batch_size), desc="audit", disable=not progress):
+    bar = progress_bar(total=len(items), desc="answers", disable=not progress)
+    for first in range(0, len(items), batch_size):
         batch = items[first : first + batch_size]
         answers = generation.answer_batch(lm, [(c, prompt.query_ids(text)) for _, _, c, _, _, text in batch], max_new_tokens)
         for (variant, ratio, _, keep, kind, text), answer in zip(batch, answers):
@@ -299,6 +300,8 @@ def run(
                 outcome = metrics.ifeval(checks, answer.text)
                 row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
             rows.append(row)
+        bar.update(len(batch))
+    bar.close()
     frame = pd.DataFrame(rows)
     for variant in variants:  # r = 0 is shared: list it under every variant
         if variant != "base":

@@ -11,19 +11,45 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import papermill
 import yaml
+from traitlets.config import Config
 
-from fairkv import audit, figures, models, paper
+from fairkv import audit, figures, models, paper, progress
 from fairkv.paths import REPO_ROOT, reports_dir
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
+# Wall minutes measured on this repository's 2-core machine (make reproduce, empty results store), by notebook group.
+MEASURED_MINUTES = {
+    "ci": {"00-11": 17.5},
+    "cpu": {"00-07": 83, "08": 6, "09-10": 15, "11": 62},
+}
+# The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
+KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
+
+
+def _in_group(prefix: str, group: str) -> bool:
+    first, _, last = group.partition("-")
+    return first <= prefix <= (last or first)
+
+
+def expected_time(profile: str, notebooks: list[Path]) -> str:
+    """What the run should take on a 2-core machine, from the measured groups that hold the chosen notebooks."""
+    measured = MEASURED_MINUTES.get(profile)
+    if measured is None:
+        return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
+    groups = [g for g in measured if any(_in_group(nb.name[:2], g) for nb in notebooks)]
+    parts = ", ".join(f"{g}: {measured[g]:g} min" for g in groups)
+    return f"measured on a 2-core machine for the {profile} profile: {parts} (an interrupted run resumes where it stopped)"
 
 
 def reproduce(names: list[str] | None = None, parameters: dict | None = None) -> list[str]:
-    """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None)."""
+    """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
+    notebook's rows done / total and ETA as its loops report them, and its wall time."""
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if names:
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
@@ -33,12 +59,20 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
     profile = str(parameters.get("profile", "ci"))
     out_dir = reports_dir() / profile
     out_dir.mkdir(parents=True, exist_ok=True)
+    print(expected_time(profile, notebooks), flush=True)
     written = []
-    for notebook in notebooks:
-        target = out_dir / notebook.name
-        print(f"running {notebook.name} -> {target}", flush=True)
-        papermill.execute_notebook(str(notebook), str(target), parameters=parameters, cwd=str(out_dir))
-        written.append(str(target))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fairkv-progress-") as scratch:
+        for number, notebook in enumerate(notebooks, start=1):
+            target = out_dir / notebook.name
+            print(f"[{number}/{len(notebooks)}] {notebook.name} -> {target}", flush=True)
+            began = time.monotonic()
+            with progress.Monitor(Path(scratch) / "state.json"):
+                papermill.execute_notebook(str(notebook), str(target), parameters=parameters, cwd=str(out_dir),
+                                           progress_bar=False, config=KERNEL_CONFIG)
+            print(f"  {notebook.name} done in {progress.duration(time.monotonic() - began)}", flush=True)
+            written.append(str(target))
+    print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
     folder = figures.output_dir(profile, parameters.get("output"))
     if any((folder / "tables").glob("*_paper_vs_us.md")):
         print(f"summary: {paper.write_summary(folder, f'Paper vs us, {profile} profile')}")
@@ -60,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--query", help="a benign user query; needed to check compliance of spans with check=")
     check.add_argument("--attacks", type=int, default=6, help="how many RaccoonBench attacks (the paper's first)")
     check.add_argument("--max-new-tokens", type=int, default=64)
-    check.add_argument("--source", default="data", help="attacks from FAIRKV_DATA_DIR ('data') or the sample")
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
     args = parser.parse_args(argv)
@@ -82,8 +115,8 @@ def run_audit(args) -> int:
         print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
         return 1
     lm = models.load_model(args.model)
-    result = audit.run(spec, lm, args.policy, args.ratios, audit.default_attacks(args.source, args.attacks),
-                       max_new_tokens=args.max_new_tokens, source=args.source)
+    result = audit.run(spec, lm, args.policy, args.ratios, audit.default_attacks(args.attacks),
+                       max_new_tokens=args.max_new_tokens)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"report: {result.to_html(out / 'report.html')} and {result.to_json(out / 'report.json')}")

@@ -24,17 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
+import torch
 
 from fairkv import data, engine, executors, generation, metrics, models, prompts
 from fairkv.paths import results_dir
 from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
+from fairkv.progress import bar as progress_bar
 from fairkv.store import ResultsStore, StoreError
 
 # keep: no decoding, the row holds the keep rates and timings only; "attack" is the paper's attack, and any
 # RaccoonBench attack is a query kind of its own, "attack:<suite>/<category>/<name>" (data.attack_query)
 QUERIES = ("benign", "attack", "keep")
+DTYPES = ("float32", "bfloat16", "float16")  # the model's precision; part of every cell's identity
 
 
 class GridError(ValueError):
@@ -66,7 +68,6 @@ class Grid:
 
     model: str = models.DEFAULT_MODEL
     dataset: str = "sys_ifeval_shuffled"
-    source: str = "data"
     start: int = 0
     n_prompts: int | None = 4
     orders: tuple[str, ...] = ("normal",)
@@ -79,6 +80,7 @@ class Grid:
     max_new_tokens: int = 32
     benign_tokens: int | None = None  # override for the benign query (IFEval needs longer answers)
     int8: bool = False
+    dtype: str = "float32"  # "bfloat16": the paper's GPU precision
     batch_size: int = 32
     note: str = field(default="", compare=False)  # which corners the profile cuts
 
@@ -94,6 +96,8 @@ class Grid:
         for order in self.orders:
             if order not in prompts.ORDERS:
                 raise GridError(f"unknown order {order!r}: use one of {', '.join(prompts.ORDERS)}")
+        if self.dtype not in DTYPES:
+            raise GridError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         for query in self.queries:
             if query not in QUERIES and not query.startswith(data.ATTACK_QUERY):
                 raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)} or "
@@ -109,8 +113,8 @@ class Grid:
         wanted = [q for q in self.queries if q not in ("benign", "keep")]
         if not wanted:
             return {}
-        known = {data.attack_query(a): a.text for a in data.load_attacks(self.source)}
-        known["attack"] = data.paper_attack(self.source).text
+        known = {data.attack_query(a): a.text for a in data.load_attacks()}
+        known["attack"] = data.paper_attack().text
         unknown = [q for q in wanted if q not in known]
         if unknown:
             raise GridError(f"unknown attack(s) {unknown}; RaccoonBench's are listed by data.attack_queries()")
@@ -149,8 +153,8 @@ PROFILES: dict[str, Grid] = {
     "paper": Grid(
         model="meta-llama/Llama-3.1-8B-Instruct", n_prompts=None, orders=("normal", "flipped"),
         variants=("base", "whitelist", "fair"), ratios=tuple(round(0.1 * i, 1) for i in range(10)),
-        max_new_tokens=256, benign_tokens=1280, batch_size=16,
-        note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens; needs a GPU",
+        max_new_tokens=256, benign_tokens=1280, dtype="bfloat16", batch_size=16,
+        note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens, bfloat16; needs a GPU",
     ),
 }
 
@@ -168,7 +172,7 @@ def cell_id(identity: dict) -> str:
 
 def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, setting: Setting, query: str) -> dict:
     return {
-        "model": lm_name, "checksum": checksum, "int8": grid.int8, "dataset": grid.dataset, "source": grid.source,
+        "model": lm_name, "checksum": checksum, "int8": grid.int8, "dtype": grid.dtype, "dataset": grid.dataset,
         "key": record.key, "order": order, "policy": setting.policy or "none", "variant": setting.variant,
         "lam": setting.lam, "ratio": setting.ratio, "query": query, "max_new_tokens": grid.tokens_for(query),
         "metrics": metrics.METRICS_VERSION,
@@ -197,7 +201,8 @@ class Job:
     versions: dict
 
     def load(self, device: str | None = None) -> models.LoadedModel:
-        return models.load_model(self.grid.model, int8=self.grid.int8, device=device)
+        return models.load_model(self.grid.model, int8=self.grid.int8, dtype=getattr(torch, self.grid.dtype),
+                                 device=device)
 
     def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
         return _compute(lm, self.grid, task, self.templates, self.attacks, self.versions)
@@ -214,17 +219,20 @@ def run(
     local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see ``fairkv.executors``). Every
     executor computes the same tasks (a group of prompts with all their missing settings and queries); only this
     process writes the store, task by task as results arrive."""
+    if lm is not None and lm.model.dtype != getattr(torch, grid.dtype):
+        raise GridError(f"the model passed in runs in {lm.model.dtype}, the grid asks for {grid.dtype}: rows of "
+                        "another precision are never mixed; load it with that dtype or set the grid's dtype")
     store = store_for(grid, folder)
-    records = data.load_records(grid.dataset, source=grid.source)
+    records = data.load_records(grid.dataset)
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
     if not records:
         raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")
-    job = Job(grid, data.load_defense_templates(grid.source), grid.attacks(), metrics.versions())
+    job = Job(grid, data.load_defense_templates(), grid.attacks(), metrics.versions())
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
     done = store.rows()
     tasks, total = _plan(grid, records, checksum, done, job.versions, store)
-    bar = tqdm(total=total, initial=total - sum(len(missing) for task in tasks for _, _, missing, _ in task),
-               desc="rows", unit="row", disable=not progress)
+    bar = progress_bar(total=total, initial=total - sum(len(missing) for task in tasks for _, _, missing, _ in task),
+                       desc="rows", unit="row", disable=not progress)
     if tasks:
         for rows in executors.executor(executor, lm).map(job, tasks):
             rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed

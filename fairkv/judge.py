@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from fairkv import data, models
 from fairkv.paths import results_dir
+from fairkv.progress import bar as progress_bar
 from fairkv.store import ResultsStore
 
 JUDGE_VERSION = "1"  # bump when the prompt or the scoring changes: stored scores of other versions are not reused
@@ -107,7 +107,8 @@ def score(lm: models.LoadedModel, pairs: list[tuple[str, str]], batch_size: int 
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out: list[dict | None] = [None] * len(pairs)
-    for first in tqdm(range(0, len(order), batch_size), desc="judge", disable=not progress):
+    bar = progress_bar(total=len(order), desc="judged", unit="response", disable=not progress)
+    for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
         length = max(len(encoded[i]) for i in batch)
         ids = torch.full((len(batch), length), pad, dtype=torch.long)
@@ -124,6 +125,8 @@ def score(lm: models.LoadedModel, pairs: list[tuple[str, str]], batch_size: int 
             best = int(p.argmax())
             out[i] = {"judge_score": best, "judge_expected": float((p / p.sum() * torch.arange(5)).sum()),
                       "judge_leak": best >= LEAK_SCORE, "judge_mass": float(p.sum())}
+        bar.update(len(batch))
+    bar.close()
     return out
 
 
@@ -132,15 +135,15 @@ def _cell(judge: models.LoadedModel, judged_cell: str) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def secrets(rows: pd.DataFrame) -> dict[tuple[str, str, int], str]:
-    """The directive text of every (dataset, source, key) among ``rows``, from the data the rows were computed on."""
+def secrets(rows: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """The directive text of every (dataset, key) among ``rows``, from the data the rows were computed on."""
     out = {}
-    for (dataset, source), keys in rows.groupby(["dataset", "source"])["key"]:
-        records = {r.key: r.system for r in data.load_records(dataset, source=source)}
+    for dataset, keys in rows.groupby("dataset")["key"]:
+        records = {r.key: r.system for r in data.load_records(dataset)}
         missing = set(keys) - set(records)
         if missing:
-            raise JudgeError(f"keys {sorted(missing)[:5]} are not in {dataset} ({source})")
-        out.update({(dataset, source, k): records[k] for k in set(keys)})
+            raise JudgeError(f"keys {sorted(missing)[:5]} are not in {dataset}")
+        out.update({(dataset, k): records[k] for k in set(keys)})
     return out
 
 
@@ -159,7 +162,7 @@ def judge_rows(
     todo = todo[[_cell(judge, c) not in done for c in todo["cell_id"]]]
     if not todo.empty:
         text = secrets(todo)
-        pairs = [(text[(r.dataset, r.source, r.key)], r.response) for r in todo.itertuples()]
+        pairs = [(text[(r.dataset, r.key)], r.response) for r in todo.itertuples()]
         scores = score(judge, pairs, batch_size, progress)
         stored = store.append({"cell_id": _cell(judge, c), "judged": c, "judge": judge.name, "version": JUDGE_VERSION,
                                **s} for c, s in zip(todo["cell_id"], scores))

@@ -7,7 +7,7 @@ LongBench's ``length`` field (words): 1000-2000, 2000-3000 and 3000-4000. Accura
 score (lm-eval's ``longbench`` implementation, on the response's first line, as LongBench scores TREC); leakage is
 ROUGE-L recall of the directive, as for sys_ifeval.
 
-Where the data comes from (``trec_file``): ``$FAIRKV_DATA_DIR/longbench/trec.jsonl`` and, when present,
+Where the data comes from (``trec_file``): ``longbench/trec.jsonl`` in the data folder (``data/``, or ``FAIRKV_DATA_DIR``) and, when present,
 ``trec_e.jsonl`` (LongBench-E) in LongBench's published JSONL format (fields ``input``, ``context``, ``answers``,
 ``length``, ``all_classes``, ``_id``); else, with network access, LongBench's ``data.zip`` from the Hugging Face hub
 (``THUDM/LongBench``), unpacked into the fairkv cache. Neither exists on the reference machine, so the project writes
@@ -70,14 +70,13 @@ def record_from_row(row: dict, where: str) -> TrecRecord:
 
 def trec_files() -> list[Path]:
     """LongBench's trec.jsonl (and trec_e.jsonl when present): the data folder first, else the hub (when online)."""
-    root = data_dir()
-    local = root / "longbench" if root is not None else None
-    if local is not None and (local / "trec.jsonl").is_file():
+    local = data_dir() / "longbench"
+    if (local / "trec.jsonl").is_file():
         return [p for p in (local / "trec.jsonl", local / "trec_e.jsonl") if p.is_file()]
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        expected = (local or Path("$" + DATA_DIR_SETTING) / "longbench") / "trec.jsonl"
         raise LongBenchError(
-            f"LongBench TREC is not available: no {expected}, and "
+            f"LongBench TREC is not available: no {local / 'trec.jsonl'} (the data folder is set by "
+            f"{DATA_DIR_SETTING}), and "
             "HF_HUB_OFFLINE is set. Put LongBench's trec.jsonl there, or unset HF_HUB_OFFLINE to download "
             f"{HUB_REPO}/{HUB_FILE} from the Hugging Face hub"
         )

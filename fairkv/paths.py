@@ -2,7 +2,7 @@
 
 Paths are rooted at the repository (for notebooks, figures and results) or come from an environment setting:
 
-- ``FAIRKV_DATA_DIR``: the reference data (sys_ifeval, RaccoonBench); no default, the data is never copied into the repo.
+- ``FAIRKV_DATA_DIR``: the reference data (sys_ifeval, RaccoonBench); default ``<repo>/data`` (shipped with fairkv).
 - ``FAIRKV_CACHE_DIR``: converted model weights and NLTK tables; default ``~/.cache/fairkv``.
 - ``FAIRKV_RESULTS_DIR``: results store; default ``<repo>/results``.
 - ``FAIRKV_FIGURES_DIR``: figures and tables; default ``<repo>/figures``.
@@ -24,10 +24,8 @@ def _from_env(name: str, default: Path) -> Path:
     return Path(value).expanduser().resolve() if value else default
 
 
-def data_dir() -> Path | None:
-    """The reference data directory from ``FAIRKV_DATA_DIR``, or None when the setting is absent."""
-    value = os.environ.get(DATA_DIR_SETTING)
-    return Path(value).expanduser().resolve() if value else None
+def data_dir() -> Path:
+    return _from_env(DATA_DIR_SETTING, REPO_ROOT / "data")
 
 
 def cache_dir() -> Path:

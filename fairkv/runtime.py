@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pandas as pd
-from tqdm import tqdm
 
 from fairkv import data, generation, models, prompts
 from fairkv.presses import POLICIES
+from fairkv.progress import bar as progress_bar
 from fairkv.prompts import Prompt
 
 VARIANTS = ("base", "whitelist", "fair")
@@ -58,11 +58,11 @@ def plan(profile: str, **overrides) -> Plan:
     return replace(PLANS[profile], **chosen)
 
 
-def run(chosen: Plan, source: str = "data", progress: bool = True) -> pd.DataFrame:
+def run(chosen: Plan, progress: bool = True) -> pd.DataFrame:
     """Load the plan's model and its first prompts of sys_ifeval_shuffled (the paper's prompt) and measure."""
     lm = models.load_model(chosen.model, device=models.default_device())
-    templates = data.load_defense_templates(source)
-    records = data.load_sys_ifeval("sys_ifeval_shuffled", source=source, limit=chosen.n_prompts)
+    templates = data.load_defense_templates()
+    records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=chosen.n_prompts)
     cases = [(prompts.paper_prompt(lm.tokenizer, record, templates), record.user) for record in records]
     return measure(lm, cases, chosen.policies, chosen.ratios, repeats=chosen.repeats, new_tokens=chosen.new_tokens,
                    progress=progress)
@@ -77,7 +77,7 @@ def measure(
     rows = []
     work = [(i, c, p, r, v) for i, c in enumerate(cases) for p in policies for r in ratios for v in variants]
     rounds = range(-warmup, repeats)
-    with tqdm(total=len(rounds) * len(work), desc="timings", disable=not progress) as bar:
+    with progress_bar(total=len(rounds) * len(work), desc="timings", disable=not progress) as bar:
         for round_ in rounds:
             for index, (prompt, query), policy, ratio, variant in work:
                 compressed = generation.compress(lm, prompt, policy, ratio, variant)

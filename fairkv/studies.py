@@ -3,8 +3,9 @@
 ``grid(study, profile, **overrides)`` layers the configuration (STYLE.md, habit 6): the profile's grid
 (``experiment.PROFILES``), then the study's axes (which orders, variants, lambdas and query kinds the paper's figures
 use), then the profile's scale for that study (``SCALE``: prompts, ratios, policies), then the notebook's explicit
-papermill overrides (None means "keep"). Cells are keyed by content, so studies that overlap (the base policy at
-r = 0.5 appears in notebooks 02, 03, 05 and 06) share their rows in the results store and compute them once.
+papermill overrides (None means "keep"; an explicit ``max_new_tokens`` caps the benign query too). Cells are keyed by
+content, so studies that overlap (the base policy at r = 0.5 appears in notebooks 02, 03, 05 and 06) share their rows
+in the results store and compute them once.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
     base = experiment.profile(profile)
     scale = SCALE.get(profile, {}).get(name, {})
     explicit = {k: v for k, v in overrides.items() if v is not None}
+    if "max_new_tokens" in explicit and "benign_tokens" not in explicit:
+        explicit["benign_tokens"] = None  # an explicit budget caps both queries
     return base.with_overrides(**{**axes, **scale, **explicit})
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded SmolLM2 model, real or sample records, and the paper's prompts."""
+"""Shared fixtures: the embedded SmolLM2 model, the reference data shipped in data/, and the paper's prompts."""
 
 from __future__ import annotations
 
@@ -10,16 +10,6 @@ from fairkv import data, models, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-requires_data = pytest.mark.skipif(
-    os.environ.get("FAIRKV_DATA_DIR") is None,
-    reason="needs the reference data: set FAIRKV_DATA_DIR (e.g. to ../shared/data)",
-)
-
-
-def record_source() -> str:
-    """Real sys_ifeval when FAIRKV_DATA_DIR is set, else the sample shipped with fairkv."""
-    return "data" if os.environ.get("FAIRKV_DATA_DIR") else "sample"
-
 
 @pytest.fixture(scope="session")
 def smollm() -> models.LoadedModel:
@@ -28,17 +18,17 @@ def smollm() -> models.LoadedModel:
 
 @pytest.fixture(scope="session")
 def records() -> list[data.Record]:
-    return data.load_sys_ifeval("sys_ifeval_shuffled", source=record_source(), limit=20)
+    return data.load_sys_ifeval("sys_ifeval_shuffled", limit=20)
 
 
 @pytest.fixture(scope="session")
 def templates() -> dict[str, str]:
-    return data.load_defense_templates(record_source())
+    return data.load_defense_templates()
 
 
 @pytest.fixture(scope="session")
 def attack() -> str:
-    return data.paper_attack(record_source()).text
+    return data.paper_attack().text
 
 
 @pytest.fixture(scope="session", params=["normal", "flipped"])

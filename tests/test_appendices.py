@@ -11,7 +11,6 @@ import pytest
 from fairkv import analysis, data, experiment, judge, longbench, runtime
 from fairkv.longbench import LongBenchError
 
-from conftest import record_source, requires_data
 
 
 @pytest.fixture
@@ -81,7 +80,7 @@ def test_classification_score_is_longbench_s():
 @pytest.mark.slow
 def test_trec_rows_end_to_end(smollm, tmp_path, monkeypatch):
     monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
-    grid = experiment.Grid(dataset="synthetic_trec_1k", source=record_source(), n_prompts=1, policies=("streamingllm",),
+    grid = experiment.Grid(dataset="synthetic_trec_1k", n_prompts=1, policies=("streamingllm",),
                            variants=("base", "fair"), ratios=(0.0, 0.5), max_new_tokens=8)
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     assert len(rows) == 4 * 2 and rows["key"].iloc[0].startswith("synthetic-1k")
@@ -132,7 +131,6 @@ def test_judge_needs_single_token_digits(smollm):
     assert judge.plan("cpu") == ("qwen2.5-coder-1.5b", ("streamingllm",))
 
 
-@requires_data
 @pytest.mark.slow
 def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak():
     lm = judge.load_judge(judge.DEFAULT_JUDGE)
@@ -146,7 +144,7 @@ def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak():
 
 @pytest.mark.slow
 def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatch):
-    grid = experiment.Grid(source=record_source(), n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5),
+    grid = experiment.Grid(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5),
                            max_new_tokens=8)
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     first = judge.judge_rows(rows, smollm, tmp_path, progress=False)

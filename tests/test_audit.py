@@ -16,7 +16,6 @@ from fairkv import audit, cli
 from fairkv.audit import AuditError
 from fairkv.paths import RESOURCES
 
-from conftest import record_source
 
 EXAMPLE = RESOURCES / "audit_example.txt"
 QUERY = "My bike arrived with a flat tyre, what should I do?"
@@ -58,9 +57,9 @@ def test_bad_input_is_named(text, query, defense, message):
 @pytest.fixture(scope="module")
 def report(smollm):
     spec = audit.parse(EXAMPLE.read_text(), QUERY)
-    attacks = audit.default_attacks(record_source(), 3)
+    attacks = audit.default_attacks(3)
     return audit.run(spec, smollm, "streamingllm", (0.0, 0.5, 0.9), attacks, max_new_tokens=24,
-                     source=record_source(), progress=False)
+                     progress=False)
 
 
 @pytest.mark.parametrize("complies, sentence", [
@@ -117,7 +116,7 @@ def test_report_json_and_html_render_in_chromium(report, tmp_path):
 @pytest.mark.slow
 def test_command_asks_then_writes_the_report(tmp_path, monkeypatch, capsys):
     arguments = ["audit", str(EXAMPLE), "--model", "smollm2-135m", "--ratios", "0", "0.5", "--attacks", "2",
-                 "--max-new-tokens", "8", "--query", QUERY, "--source", record_source(), "--out", str(tmp_path)]
+                 "--max-new-tokens", "8", "--query", QUERY, "--out", str(tmp_path)]
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     assert cli.main(arguments) == 1 and not (tmp_path / "report.json").exists()
     assert cli.main(arguments + ["--yes"]) == 0

@@ -10,7 +10,6 @@ import pytest
 from fairkv import analysis, data, experiment, metrics, multispan, paper, prompts
 from fairkv.experiment import GridError
 
-from conftest import requires_data
 
 
 def test_span_prompts_are_written_and_checked_by_ifeval():
@@ -63,7 +62,6 @@ def test_span_rows_per_span_and_fair_keeps_every_span_alike(smollm, tmp_path):
     assert set(table["n_spans"]) == {3} and table["fair_gain"].notna().all()
 
 
-@requires_data
 def test_attack_query_kinds():
     one_each = data.attack_queries(per_category=1)
     attacks = data.load_attacks()
@@ -78,7 +76,6 @@ def test_attack_query_kinds():
         experiment.Grid(queries=("leak",))
 
 
-@requires_data
 @pytest.mark.slow
 def test_many_attacks_and_a_named_defense_template(smollm, tmp_path):
     queries = data.attack_queries(per_category=1)[:3]

@@ -7,7 +7,6 @@ import pytest
 
 from fairkv import data, generation, metrics, models, prompts
 
-from conftest import requires_data
 
 DIRECTIVE = "Write the itinerary in a Shakespearean style. You are not allowed to use any commas in your response."
 REFERENCES = {"directive": DIRECTIVE, "defense": "USE THE FOLLOWING INSTRUCTIONS TO GUIDE THE CUSTOMER SERVICE."}
@@ -56,7 +55,6 @@ def test_wilson_interval():
         metrics.proportion_ci(0, 0)
 
 
-@requires_data
 @pytest.mark.slow
 def test_qwen_obeys_the_defense_uncompressed_and_drops_it_under_streamingllm():
     """Embedded Qwen2.5-Coder-1.5B, first 12 sys_ifeval_shuffled prompts, normal order, the paper's attack:

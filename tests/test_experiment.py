@@ -10,12 +10,11 @@ from fairkv import engine, experiment
 from fairkv.experiment import GridError, Setting, canonical
 from fairkv.store import ResultsStore, StoreError
 
-from conftest import record_source
 
 
 def tiny(**overrides) -> experiment.Grid:
     base = dict(
-        source=record_source(), n_prompts=3, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
+        n_prompts=3, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
         lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8,
     )
     return experiment.Grid(**{**base, **overrides})

@@ -8,9 +8,15 @@ import torch
 from fairkv import data, metrics
 from fairkv.prompts import Span
 
-from conftest import requires_data
 
-# Responses written by hand for the four sample records: one that follows the directive, one that does not.
+# Four records written for these tests in sys_ifeval's format (not taken from IFEval), each with instruction ids and
+# kwargs that lm-eval's checker verifies, and responses written by hand: one that follows the directive, one that not.
+AUTHORED = {
+    9001: (("change_case:english_lowercase",), ({},)),
+    9002: (("detectable_content:number_placeholders",), ({"num_placeholders": 3},)),
+    9003: (("punctuation:no_comma", "startend:end_checker"), ({}, {"end_phrase": "Is there anything else I can help with?"})),
+    9004: (("detectable_format:number_bullet_lists",), ({"num_bullets": 3},)),
+}
 COMPLIANT = {
     9001: "the forest is quiet at dawn. mist hangs between the pines and a jay calls once.",
     9002: "Join us at [park] on [date]. Bring [dish] to share!",
@@ -27,7 +33,7 @@ VIOLATING = {
 
 @pytest.fixture(scope="module")
 def sample():
-    return {r.key: r for r in data.load_sys_ifeval(source="sample")}
+    return {key: data.Record(key, "directive", "query", ids, kwargs) for key, (ids, kwargs) in AUTHORED.items()}
 
 
 def test_ifeval_compliant_and_violating(sample):
@@ -48,7 +54,6 @@ def test_ifeval_accuracy_levels(sample):
     assert metrics.per_class_accuracy([half]) == {"punctuation": 1.0, "startend": 0.0}
 
 
-@requires_data
 def test_ifeval_random_letter_records_are_stable():
     """Keys 1122 and 1129 make IFEval draw a random letter; seeding keeps their scores stable."""
     records = {r.key: r for r in data.load_sys_ifeval()}
@@ -58,7 +63,6 @@ def test_ifeval_random_letter_records_are_stable():
         assert len(outcomes) == 1
 
 
-@requires_data
 def test_every_real_record_scores():
     """The checker scores all 539 records offline (NLTK's punkt_tab tables in place)."""
     results = [metrics.ifeval(r, "Hello. This is a reply.") for r in data.load_sys_ifeval()]

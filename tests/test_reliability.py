@@ -19,10 +19,9 @@ from fairkv import experiment
 from fairkv.paths import REPO_ROOT
 from fairkv.store import StoreError
 
-from conftest import record_source
 
 GRID = dict(
-    source=record_source(), n_prompts=4, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
+    n_prompts=4, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
     lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8, batch_size=5,  # 5 settings: one prompt per group
 )
 TIMINGS = ["prefill_s", "cut_s", "decode_s", "versions"]
