@@ -27,8 +27,10 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 reproduce: setup
 	$(BIN)/fairkv reproduce -p profile $(PROFILE)
 
+# every test run computes into a fresh results folder: nothing is replayed from an earlier run's store
 test: setup
-	$(BIN)/python -m pytest tests notebooks --durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+	@results=$$(mktemp -d) && FAIRKV_RESULTS_DIR=$$results $(BIN)/python -m pytest tests notebooks --durations=15 --nbval \
+		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; rm -rf $$results; exit $$status
 
 clean:
 	rm -rf $(VENV) results reports/ci

@@ -2,7 +2,7 @@
 
 The probe of issue 9, on the embedded Qwen2.5-Coder-1.5B-Instruct by default:
 
-    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/defense_compliance.py --n 12 --max-new-tokens 64
+    .venv/bin/python benchmarks/defense_compliance.py --n 12 --max-new-tokens 64
 
 For each setting: how many attack responses give the defense's refusal, how many leak (ROUGE-L > 0.3), how many do
 neither, and the mean directive ROUGE-L recall. One compressed cache per system prompt and setting.

@@ -2,7 +2,7 @@
 
 The mechanism behind the paper's Fig 7 and what the mitigations do to it, measured on real sys_ifeval prompts:
 
-    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/keep_rates_table.py --model smollm2-135m --n 20 --ratio 0.5
+    .venv/bin/python benchmarks/keep_rates_table.py --model smollm2-135m --n 20 --ratio 0.5
 
 Prints a Markdown table: mean keep rate over the prompts (per layer: mean over KV heads; then mean over layers).
 """

@@ -1,7 +1,7 @@
 """Appendix K (Figs 23-24): compression and decoding cost of base, whitelist and fair for each policy across r,
 measured side by side in one process (``fairkv.runtime``: warm-up, interleaved repeats, medians and IQRs).
 
-    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/runtime.py --model smollm2-135m --repeats 5
+    .venv/bin/python benchmarks/runtime.py --model smollm2-135m --repeats 5
 
 Prints the summary per (policy, ratio, variant) and the headline: each variant's cost as a ratio to its base policy
 (median over ratios). Notebook 09 runs the same measurement and plots it.

@@ -1,7 +1,7 @@
 """The same small grid serial (this process, all cores) vs the Ray executor (N single-core workers on a local
 cluster), on fresh stores; then what the paper profile costs in cells and generated tokens.
 
-    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/scaleout.py --prompts 8 --workers 2
+    .venv/bin/python benchmarks/scaleout.py --prompts 8 --workers 2
 
 Prints wall time of both runs (the Ray run includes starting the local cluster and loading the model in every
 worker, reported apart), the ratio, and whether the rows are identical. On a 2-core machine the serial run already

@@ -1,6 +1,6 @@
 """Engine vs the plain loop the authors use, side by side in one process; keep-rate sweeps.
 
-    FAIRKV_DATA_DIR=../shared/data .venv/bin/python benchmarks/sweep_throughput.py --model smollm2-135m \
+    .venv/bin/python benchmarks/sweep_throughput.py --model smollm2-135m \
         --prompts 8 --max-new-tokens 64
 
 (a) plain loop: for every prompt, policy and ratio, prefill with the press (kvpress's hook) and answer each query at

@@ -1,5 +1,5 @@
 """Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill; ``fairkv audit`` checks your own
-system prompt (``fairkv.audit``).
+system prompt (``fairkv.audit``); ``fairkv store check|compact`` inspects or compacts results stores (``fairkv.store``).
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
 papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
@@ -19,8 +19,9 @@ import papermill
 import yaml
 from traitlets.config import Config
 
-from fairkv import audit, figures, models, paper, progress
-from fairkv.paths import REPO_ROOT, reports_dir
+from fairkv import audit, figures, metrics, models, paper, progress
+from fairkv.paths import REPO_ROOT, reports_dir, results_dir
+from fairkv.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 # Wall minutes measured on this repository's 2-core machine (make reproduce, empty results store), by notebook group.
@@ -96,11 +97,32 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--max-new-tokens", type=int, default=64)
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
+    stores = commands.add_parser("store", help="check a results store, or rewrite it without duplicates")
+    stores.add_argument("action", choices=("check", "compact"))
+    stores.add_argument("paths", nargs="*", help="store files (default: every *.jsonl in the results folder)")
     args = parser.parse_args(argv)
     if args.command == "audit":
         return run_audit(args)
+    if args.command == "store":
+        return run_store(args.action, [Path(p) for p in args.paths] or sorted(results_dir().glob("*.jsonl")))
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
     reproduce(args.notebooks or None, parameters)
+    return 0
+
+
+def run_store(action: str, paths: list[Path]) -> int:
+    """Print each store's check (lines, cells, duplicates, other versions, who computes it) or compact it."""
+    if not paths:
+        raise SystemExit(f"fairkv store: no store in {results_dir()}; name the files")
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"fairkv store: no store file {path}")
+        store = ResultsStore(path)
+        try:
+            report = store.check(metrics.versions()) if action == "check" else store.compact()
+        except StoreError as error:
+            raise SystemExit(f"fairkv store {action}: {error}") from error
+        print(" ".join(f"{name}={value}" for name, value in report.items()), flush=True)
     return 0
 
 

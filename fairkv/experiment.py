@@ -210,7 +210,7 @@ class Job:
 
 def run(
     grid: Grid, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None,
-    executor="serial",
+    executor="serial", wait: bool = True,
 ) -> pd.DataFrame:
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
     and query; r = 0 rows repeated under every policy and variant).
@@ -218,7 +218,10 @@ def run(
     ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster: ``RAY_ADDRESS`` or a
     local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see ``fairkv.executors``). Every
     executor computes the same tasks (a group of prompts with all their missing settings and queries); only this
-    process writes the store, task by task as results arrive."""
+    process writes the store, task by task as results arrive.
+
+    When cells are missing, the run holds the store's compute lock (``ResultsStore.computing``): if another process
+    computes the same store, it waits for it and reuses its rows (``wait=False``: raises ``StoreBusy`` naming it)."""
     if lm is not None and lm.model.dtype != getattr(torch, grid.dtype):
         raise GridError(f"the model passed in runs in {lm.model.dtype}, the grid asks for {grid.dtype}: rows of "
                         "another precision are never mixed; load it with that dtype or set the grid's dtype")
@@ -231,14 +234,17 @@ def run(
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
     done = store.rows()
     tasks, total = _plan(grid, records, checksum, done, job.versions, store)
-    bar = progress_bar(total=total, initial=total - sum(len(missing) for task in tasks for _, _, missing, _ in task),
-                       desc="rows", unit="row", disable=not progress)
     if tasks:
-        for rows in executors.executor(executor, lm).map(job, tasks):
-            rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
-            done.update({row["cell_id"]: row for row in store.append(rows)})
-            bar.update(len(rows))
-    bar.close()
+        with store.computing(wait):
+            done = store.rows()  # rows another process stored while this one waited are reused
+            tasks, total = _plan(grid, records, checksum, done, job.versions, store)
+            missing = sum(len(cells) for task in tasks for _, _, cells, _ in task)
+            bar = progress_bar(total=total, initial=total - missing, desc="rows", unit="row", disable=not progress)
+            for rows in executors.executor(executor, lm).map(job, tasks) if tasks else ():
+                rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
+                done.update({row["cell_id"]: row for row in store.append(rows)})
+                bar.update(len(rows))
+            bar.close()
     return _collect(grid, records, done, checksum)
 
 

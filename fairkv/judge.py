@@ -149,24 +149,28 @@ def secrets(rows: pd.DataFrame) -> dict[tuple[str, int], str]:
 
 def judge_rows(
     rows: pd.DataFrame, judge: models.LoadedModel, folder: Path | None = None, batch_size: int = 8,
-    progress: bool = True,
+    progress: bool = True, wait: bool = True,
 ) -> pd.DataFrame:
     """``rows`` (attack rows of any study) with the judge's columns; responses already judged are read back from the
-    judge's store, the rest are judged and stored first."""
+    judge's store, the rest are judged and stored first (under the store's compute lock: ``wait`` as in
+    ``experiment.run``)."""
     attack = rows[rows["query"] == "attack"]
     if attack.empty:
         raise JudgeError("no attack rows to judge (query == 'attack')")
     store = ResultsStore((Path(folder) if folder else results_dir()) / f"judge__{judge.name.replace('/', '__')}.jsonl")
+    unique = attack.drop_duplicates("cell_id")
     done = store.rows()
-    todo = attack.drop_duplicates("cell_id")
-    todo = todo[[_cell(judge, c) not in done for c in todo["cell_id"]]]
-    if not todo.empty:
-        text = secrets(todo)
-        pairs = [(text[(r.dataset, r.key)], r.response) for r in todo.itertuples()]
-        scores = score(judge, pairs, batch_size, progress)
-        stored = store.append({"cell_id": _cell(judge, c), "judged": c, "judge": judge.name, "version": JUDGE_VERSION,
-                               **s} for c, s in zip(todo["cell_id"], scores))
-        done.update({row["cell_id"]: row for row in stored})
+    if any(_cell(judge, c) not in done for c in unique["cell_id"]):
+        with store.computing(wait):  # one process judges a store's responses at a time; the other reuses them
+            done = store.rows()
+            todo = unique[[_cell(judge, c) not in done for c in unique["cell_id"]]]
+            if not todo.empty:
+                text = secrets(todo)
+                pairs = [(text[(r.dataset, r.key)], r.response) for r in todo.itertuples()]
+                scores = score(judge, pairs, batch_size, progress)
+                stored = store.append({"cell_id": _cell(judge, c), "judged": c, "judge": judge.name,
+                                       "version": JUDGE_VERSION, **s} for c, s in zip(todo["cell_id"], scores))
+                done.update({row["cell_id"]: row for row in stored})
     columns = ["judge_score", "judge_expected", "judge_leak", "judge_mass"]
     judged = pd.DataFrame([{k: done[_cell(judge, c)][k] for k in columns} for c in attack["cell_id"]], index=attack.index)
     return attack.join(judged)

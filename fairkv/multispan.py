@@ -1,6 +1,6 @@
 """System prompts of N independent instruction spans (beyond the paper, notebook 11).
 
-The paper stops at two spans (defense and directive) and asks what happens with more (end of ../shared/PAPER.md).
+The paper stops at two spans (defense and directive) and asks what happens with more (the end of the paper, arXiv 2510.00231).
 Here a system prompt holds N IFEval instructions, one span each, written by the IFEval checker library itself
 (lm-eval's ``build_description``, whose randomised arguments are seeded per prompt, so the same dataset name always
 gives the same prompts), and each span's compliance is that instruction's own check on the answer to a benign writing

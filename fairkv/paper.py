@@ -1,7 +1,7 @@
 """The paper's headline numbers beside ours: one "paper vs us" table per notebook, written by code.
 
 Each function takes our rows (or their analysis) and returns a table with one claim per row: the claim, the paper's
-number (read off its figures, approximate, Llama-3.1-8B unless noted; tables exact; ../shared/PAPER.md), ours for the
+number (read off its figures, approximate, Llama-3.1-8B unless noted; tables exact; arXiv 2510.00231), ours for the
 same quantity on our model and profile, and whether the qualitative claim holds here. Where the paper quotes a ratio
 our profile lacks, the nearest ratio we ran is used and named. ``verdict`` turns a table into the one sentence each
 notebook ends with.
@@ -332,7 +332,7 @@ def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
 def beyond(starved: pd.DataFrame, attacks: pd.DataFrame, critical: pd.DataFrame, ladder: list[str],
            policy: str = "streamingllm") -> pd.DataFrame:
     """Notebook 11 (beyond the paper): the paper's mechanisms checked where it did not look, and its open questions
-    (end of ../shared/PAPER.md) answered on our rows. ``starved`` is ``analysis.starvation``, ``attacks`` the
+    (the end of the paper, arXiv 2510.00231) answered on our rows. ``starved`` is ``analysis.starvation``, ``attacks`` the
     ``analysis.by_attack`` rows, ``critical`` ``analysis.critical_ratio`` per (template, policy, variant) and
     ``ladder`` the defense templates from weak to strong. The paper column says what the paper shows for its one
     setting (two spans, the Plain attack, one defense) or "open" where it asks the question."""

@@ -111,15 +111,17 @@ class Monitor:
             return None
 
     def _watch(self) -> None:
-        live, printed, last = self.stream.isatty(), 0.0, None
-        while not self._stop.wait(self.poll_s):
+        live, printed_at, printed = self.stream.isatty(), 0.0, None
+        while True:
+            stopping = self._stop.wait(self.poll_s)
             state = self.state()
             line = describe(state, time.monotonic() - self._started)
-            finished = state is not None and state["done"] >= state["total"] and state != last
             if live:
                 self.stream.write("\r\033[K  " + line)
-            elif finished or time.monotonic() - printed >= self.every_s:
-                self.stream.write("  " + line + "\n")
-                printed = time.monotonic()
-            last = state
+            elif time.monotonic() - printed_at >= self.every_s or (state != printed and (
+                    stopping or (state is not None and state["done"] >= state["total"]))):
+                self.stream.write("  " + line + "\n")  # a minute passed, a loop finished, or the notebook ended
+                printed_at, printed = time.monotonic(), state
             self.stream.flush()
+            if stopping:
+                return

@@ -1,9 +1,21 @@
 """An append-only results store: one JSON object per line, written atomically, safe to kill at any moment.
 
 Each row carries a ``cell_id`` (a hash of everything that determines it) and the store's ``schema``. Appends take an
-exclusive lock, write whole lines in one call and fsync, so two notebooks can share a store and a killed run leaves
-at most one unterminated last line: that line is never read back as a row, and the next append removes it. Rows
-written under another schema are reported, never mixed in.
+exclusive lock, write whole lines in one call and fsync, so a killed run leaves at most one unterminated last line:
+that line is never read back as a row, and the next append removes it. Rows written under another schema are
+reported, never mixed in.
+
+At most one process computes a store's missing cells at a time (``computing``): a run that finds cells missing takes
+the store's compute lock (``<store>.lock``, an flock held for the whole run, with the holder's PID, host and start
+time written in it), so a second run on the same store waits for the first with a message naming it, then reuses
+its rows instead of computing them again (or, with ``wait=False``, fails at once with that message). The kernel
+releases an flock when its process dies, SIGKILL included, and nothing holds it after a power loss: a lock file left
+with a dead holder's name in it is taken over, and said so, without anyone deleting files. On NFS, flock is carried
+by the NFS lock manager; file systems whose locks do not reach other clients (SMB/CIFS, sshfs, 9p, object-store
+mounts) are refused with an error naming the file system.
+
+``check`` reports a store's lines, cells, duplicates and rows of other versions; ``compact`` rewrites it without
+duplicates, atomically.
 """
 
 from __future__ import annotations
@@ -11,14 +23,78 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 SCHEMA = 1
+# file systems whose locks are not shared between the machines that mount them (or not implemented)
+UNLOCKABLE_FILESYSTEMS = ("cifs", "smb3", "smbfs", "9p", "vboxsf", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse",
+                          "fuse.rclone", "fuse.goofys")
 
 
 class StoreError(RuntimeError):
-    """The store holds rows this version of fairkv cannot use."""
+    """The store holds rows this version of fairkv cannot use, or cannot be locked."""
+
+
+class StoreBusy(StoreError):
+    """Another process is computing this store's missing cells (raised when asked not to wait)."""
+
+
+def filesystem(path: Path, mounts: str | None = None) -> str:
+    """The type of the file system holding ``path`` (the longest mount point above it in ``/proc/mounts``)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return "unknown"
+    resolved, best, kind = str(Path(path).resolve()), "", "unknown"
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def check_lockable(folder: Path, mounts: str | None = None) -> None:
+    kind = filesystem(folder, mounts)
+    if kind in UNLOCKABLE_FILESYSTEMS:
+        raise StoreError(
+            f"the results folder {folder} is on a {kind} file system, whose file locks other machines do not see: "
+            "two runs could compute the same cells. Put the results on a local disk or NFS (FAIRKV_RESULTS_DIR)"
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or last held) a store's compute lock."""
+
+    pid: int
+    host: str
+    started: str
+    command: str
+
+    @classmethod
+    def me(cls) -> "Holder":
+        return cls(os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S %Z"), " ".join(sys.argv)[:200])
+
+    @classmethod
+    def read(cls, text: str) -> "Holder | None":
+        try:
+            return cls(**json.loads(text))
+        except (ValueError, TypeError):
+            return None
+
+    def __str__(self) -> str:
+        return f"PID {self.pid} on {self.host}, started {self.started} ({self.command})"
 
 
 class ResultsStore:
@@ -27,22 +103,33 @@ class ResultsStore:
     def __init__(self, path: Path):
         self.path = Path(path)
 
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
     def _complete_lines(self, data: bytes) -> tuple[list[bytes], int]:
         """The newline-terminated lines and the byte length they span (a partial tail is excluded)."""
         end = data.rfind(b"\n") + 1
         return data[:end].splitlines(), end
 
-    def rows(self) -> dict[str, dict]:
-        """Every complete row by cell id (the last one wins if a cell was written twice)."""
+    def lines(self) -> tuple[list[dict], int]:
+        """Every complete line as a dict, in file order, and the bytes of an unterminated tail (a killed writer's)."""
         if not self.path.exists():
-            return {}
-        lines, _ = self._complete_lines(self.path.read_bytes())
-        rows = {}
+            return [], 0
+        data = self.path.read_bytes()
+        lines, end = self._complete_lines(data)
+        out = []
         for number, line in enumerate(lines, start=1):
             try:
-                row = json.loads(line)
+                out.append(json.loads(line))
             except json.JSONDecodeError as error:
                 raise StoreError(f"{self.path}, line {number}: corrupt row ({error.msg})") from error
+        return out, len(data) - end
+
+    def rows(self) -> dict[str, dict]:
+        """Every complete row by cell id (the last one wins if a cell was written twice)."""
+        rows = {}
+        for number, row in enumerate(self.lines()[0], start=1):
             if row.get("schema") != SCHEMA:
                 raise StoreError(
                     f"{self.path}, line {number}: written with results schema {row.get('schema')}, this fairkv reads "
@@ -70,3 +157,85 @@ class ResultsStore:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return stored
+
+    def holder(self) -> Holder | None:
+        """Who holds the compute lock now (None when nobody does)."""
+        if not self.lock_path.exists():
+            return None
+        fd = os.open(self.lock_path, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return Holder.read(self.lock_path.read_text()) or Holder(0, "?", "?", "unreadable lock file")
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def computing(self, wait: bool = True, say=print):
+        """Hold the store's compute lock for the block: wait for another holder (``say`` names it) or, with
+        ``wait=False``, raise ``StoreBusy``; take over a lock whose holder died. Re-read the store inside the block:
+        the previous holder's rows are there."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_lockable(self.path.parent)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = Holder.read(self.lock_path.read_text())
+                message = f"{self.path} is being computed by {holder or 'another process'}"
+                if not wait:
+                    raise StoreBusy(f"{message}; wait for it, or use another results folder (FAIRKV_RESULTS_DIR)") from None
+                say(f"{message}: waiting for it to finish, then its rows are reused (interrupt to stop waiting)")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as error:
+                raise StoreError(f"cannot lock {self.lock_path} ({error}): put the results on a local disk") from error
+            previous = Holder.read(self.lock_path.read_text())
+            if previous is not None:  # released without clearing its name: it died (SIGKILL, power loss)
+                say(f"taking over the lock of {self.path} left by {previous}, which no longer runs")
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(Holder.me().__dict__).encode(), 0)
+            os.fsync(fd)
+            try:
+                yield
+            finally:
+                os.ftruncate(fd, 0)  # a clean release leaves no name behind
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def check(self, versions: dict | None = None) -> dict:
+        """Lines, unique cells, duplicate lines, an unterminated tail, rows of another schema and (given the current
+        ``versions``) rows computed under other library versions; and who computes it now."""
+        lines, tail = self.lines()
+        cells = {row.get("cell_id") for row in lines}
+        report = {
+            "path": str(self.path), "lines": len(lines), "cells": len(cells), "duplicates": len(lines) - len(cells),
+            "unterminated_tail_bytes": tail, "other_schema": sum(row.get("schema") != SCHEMA for row in lines),
+        }
+        if versions is not None:
+            latest = {row.get("cell_id"): row for row in lines}.values()
+            report["other_versions"] = sum("versions" in row and row["versions"] != versions for row in latest)
+        holder = self.holder()
+        report["computing"] = str(holder) if holder else None
+        return report
+
+    def compact(self, say=print) -> dict:
+        """Rewrite the store with one line per cell (the last written wins, as for reading) and no unterminated
+        tail. The new file is written beside the old and replaces it only once complete and on disk; a run computing
+        this store makes it fail (``StoreBusy``) rather than wait."""
+        with self.computing(wait=False, say=say):
+            lines, tail = self.lines()
+            latest = {row.get("cell_id"): row for row in lines}
+            staging = self.path.with_name(self.path.name + ".compacting")
+            with open(staging, "wb") as handle:
+                handle.writelines((json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode()
+                                  for row in latest.values())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(staging, self.path)
+        return {"path": str(self.path), "lines_before": len(lines), "lines_after": len(latest),
+                "removed_duplicates": len(lines) - len(latest), "removed_tail_bytes": tail}

@@ -123,8 +123,9 @@ def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
     base = experiment.profile(profile)
     scale = SCALE.get(profile, {}).get(name, {})
     explicit = {k: v for k, v in overrides.items() if v is not None}
-    if "max_new_tokens" in explicit and "benign_tokens" not in explicit:
-        explicit["benign_tokens"] = None  # an explicit budget caps both queries
+    benign = {**axes, **scale}.get("benign_tokens", base.benign_tokens)
+    if "max_new_tokens" in explicit and "benign_tokens" not in explicit and benign:
+        explicit["benign_tokens"] = min(benign, explicit["max_new_tokens"])  # an explicit budget caps every query
     return base.with_overrides(**{**axes, **scale, **explicit})
 
 

@@ -10,43 +10,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from fairkv import experiment
 from fairkv.paths import REPO_ROOT
 from fairkv.store import StoreError
 
-
-GRID = dict(
-    n_prompts=4, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
-    lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8, batch_size=5,  # 5 settings: one prompt per group
-)
-TIMINGS = ["prefill_s", "cut_s", "decode_s", "versions"]
-
-SWEEP = textwrap.dedent(f"""
-    import sys
-    from fairkv import experiment
-    experiment.run(experiment.Grid(**{GRID!r}), sys.argv[1], progress=False)
-""")
-
-
-def sweep(folder: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-c", SWEEP, str(folder)], env=env, stderr=subprocess.PIPE)
-
-
-def complete_lines(path: Path) -> list[str]:
-    return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
-def stable(frame: pd.DataFrame) -> str:
-    """Rows without the fields that legitimately vary between runs (timings, and the versions dict checked apart),
-    as JSON so that missing metrics (NaN) compare equal."""
-    rows = frame.drop(columns=TIMINGS).sort_values(["key", "policy", "variant", "lam", "ratio", "query"])
-    return json.dumps(rows.to_dict("records"), sort_keys=True)
+from sweeps import GRID, complete_lines, stable, sweep
 
 
 @pytest.mark.slow
@@ -116,8 +87,6 @@ BLOCK_NETWORK = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_quickstart_runs_with_the_network_unavailable(tmp_path):
-    if not os.environ.get("FAIRKV_DATA_DIR"):
-        pytest.skip("needs the reference data: set FAIRKV_DATA_DIR (e.g. to ../shared/data)")
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_NETWORK)
     log = tmp_path / "network.log"

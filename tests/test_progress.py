@@ -1,0 +1,44 @@
+"""Progress a person can follow: loops report rows done / total and an ETA to the terminal of `fairkv reproduce`."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from fairkv import progress
+
+
+def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
+    sink = tmp_path / "state.json"
+    monkeypatch.setenv(progress.PROGRESS_SETTING, str(sink))
+    monkeypatch.setattr(progress, "REPORT_EVERY_S", 0.0)
+    bar = progress.bar(total=10, desc="rows", initial=4, disable=True)  # 4 rows read back from the store
+    assert json.loads(sink.read_text()) | {"elapsed_s": 0} == {"what": "rows", "done": 4, "total": 10,
+                                                               "elapsed_s": 0, "eta_s": None}
+    time.sleep(0.05)
+    bar.update(3)
+    state = json.loads(sink.read_text())
+    assert (state["done"], state["total"]) == (7, 10)
+    # the rate counts this run's 3 rows only: 3 more rows take as long as the 3 done
+    assert abs(state["eta_s"] - state["elapsed_s"]) < 0.01 and state["eta_s"] >= 0.05
+
+
+def test_monitor_prints_the_state_and_the_end(tmp_path):
+    stream = io.StringIO()  # not a terminal: whole lines
+    with progress.Monitor(tmp_path / "state.json", stream, every_s=3600, poll_s=0.01):
+        bar = progress.bar(total=4, desc="rows", disable=True)
+        bar.update(4)
+        time.sleep(0.1)
+    lines = stream.getvalue().splitlines()
+    finished = [line for line in lines if line.endswith(" elapsed | rows 4/4 (100%), ETA 0 s")]
+    assert len(finished) == 1 and lines[-1] == finished[0], lines  # printed when it finished, not again at the end
+    assert not (tmp_path / "state.json").exists() and progress.PROGRESS_SETTING not in __import__("os").environ
+
+
+def test_describe_and_duration():
+    assert progress.duration(42) == "42 s" and progress.duration(723) == "12 min 3 s"
+    assert progress.duration(7500) == "2 h 5 min"
+    state = {"what": "rows", "done": 120, "total": 480, "elapsed_s": 60.0, "eta_s": 180.0}
+    assert progress.describe(state, 75.0) == "1 min 15 s elapsed | rows 120/480 (25%), ETA 3 min 0 s"
+    assert progress.describe(None, 5.0) == "5 s elapsed"

@@ -1,0 +1,162 @@
+"""The results store shared by processes: one computes a store's missing cells at a time, the other waits and reuses
+its rows; a dead holder's lock is taken over; check and compact. Real processes, real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fairkv import cli, experiment, metrics
+from fairkv.store import ResultsStore, StoreBusy, StoreError, check_lockable, filesystem
+
+from sweeps import GRID, complete_lines, stable, sweep
+
+N_CELLS = 4 * 5 * 2  # prompts x settings x queries
+
+
+def wait_for(condition, what: str, timeout: float = 300.0) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The grid computed by one process alone."""
+    folder = tmp_path_factory.mktemp("alone")
+    process = sweep(folder)
+    assert process.wait(timeout=600) == 0, process.stderr.read().decode()
+    return folder
+
+
+def store_path(folder: Path) -> Path:
+    return experiment.store_for(experiment.Grid(**GRID), folder).path
+
+
+def rows_of(folder: Path, wait: bool = True) -> str:
+    return stable(experiment.run(experiment.Grid(**GRID), folder, progress=False, wait=wait))
+
+
+def cell_ids(path: Path) -> list[str]:
+    return [json.loads(line)["cell_id"] for line in complete_lines(path)]
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_compute_each_cell_once(reference, tmp_path):
+    with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
+        first = sweep(tmp_path, a_out)
+        wait_for(lambda: len(complete_lines(store_path(tmp_path))) >= 1, "the first run's first rows")
+        second = sweep(tmp_path, b_out)  # starts while the first computes
+        for process in (first, second):
+            assert process.wait(timeout=600) == 0, process.stderr.read().decode()
+    said = (tmp_path / "b.out").read_text()
+    assert f"is being computed by PID {first.pid} on " in said and "waiting for it to finish" in said, said
+    ids = cell_ids(store_path(tmp_path))
+    assert len(ids) == len(set(ids)) == N_CELLS  # one line per cell: nothing computed twice
+    assert rows_of(tmp_path) == rows_of(reference)
+
+
+@pytest.mark.slow
+def test_holder_killed_while_another_waits_is_taken_over(reference, tmp_path):
+    path = store_path(tmp_path)
+    with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
+        holder = sweep(tmp_path, a_out)
+        wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows")
+        waiter = sweep(tmp_path, b_out)
+        wait_for(lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait")
+        assert f"PID {holder.pid} on " in (tmp_path / "b.out").read_text()
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait() == -signal.SIGKILL
+        assert waiter.wait(timeout=600) == 0, waiter.stderr.read().decode()
+    said = (tmp_path / "b.out").read_text()
+    assert f"taking over the lock of {path} left by PID {holder.pid} on " in said and "finished" in said
+    ids = cell_ids(path)
+    assert len(ids) == len(set(ids)) == N_CELLS
+    assert rows_of(tmp_path) == rows_of(reference)
+    assert ResultsStore(path).holder() is None and path.with_name(path.name + ".lock").read_text() == ""
+
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from fairkv.store import ResultsStore
+    with ResultsStore(sys.argv[1]).computing():
+        print("held", flush=True)
+        time.sleep(120)
+""")
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A process holding the compute lock of the sweep's store in tmp_path."""
+    path = store_path(tmp_path)
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "held\n"
+    yield path, process
+    process.kill()
+    process.wait()
+
+
+@pytest.mark.parametrize("executor", ["serial", "ray"])
+def test_fail_fast_names_the_holder(held, tmp_path, executor):
+    path, process = held
+    assert str(ResultsStore(path).holder()).startswith(f"PID {process.pid} on ")
+    with pytest.raises(StoreBusy, match=rf"{path} is being computed by PID {process.pid} on .*FAIRKV_RESULTS_DIR"):
+        experiment.run(experiment.Grid(**GRID), tmp_path, progress=False, executor=executor, wait=False)
+    with pytest.raises(StoreBusy, match=f"PID {process.pid}"):  # nor is a store compacted under a running sweep
+        ResultsStore(path).compact()
+
+
+def test_a_complete_grid_reads_without_the_lock(held, reference, tmp_path):
+    """Reading what is stored never waits: only a run that must compute takes the lock."""
+    path, _ = held
+    path.write_bytes(store_path(reference).read_bytes())
+    assert rows_of(tmp_path, wait=False) == rows_of(reference)
+
+
+def test_check_and_compact_a_store_with_duplicates_and_a_torn_tail(reference, tmp_path, capsys):
+    lines = complete_lines(store_path(reference))
+    path = tmp_path / "store.jsonl"
+    altered = json.loads(lines[1])
+    altered["versions"]["torch"] = "1.0.0"
+    # three lines written twice (the second copy of line 1 computed under another torch), then a torn last line
+    path.write_text("\n".join(lines + [lines[0], json.dumps(altered), lines[2]]) + "\n" + lines[3][:40])
+    store = ResultsStore(path)
+    before = store.rows()
+
+    assert cli.main(["store", "check", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"lines={N_CELLS + 3} cells={N_CELLS} duplicates=3 unterminated_tail_bytes=40 other_schema=0 " \
+           f"other_versions=1 computing=None" in printed
+
+    report = store.compact()
+    assert report == {"path": str(path), "lines_before": N_CELLS + 3, "lines_after": N_CELLS,
+                      "removed_duplicates": 3, "removed_tail_bytes": 40}
+    assert path.read_text().endswith("}\n") and len(complete_lines(path)) == N_CELLS
+    assert store.rows() == before  # the row read for each cell is unchanged (the last written wins)
+    assert store.check(metrics.versions())["duplicates"] == 0
+    assert not path.with_name(path.name + ".compacting").exists()
+
+
+MOUNTS = """\
+/dev/nvme0n1p1 / ext4 rw,relatime 0 0
+server:/export /mnt/shared nfs4 rw,vers=4.2 0 0
+//nas/results /mnt/shared/smb cifs rw 0 0
+"""
+
+
+def test_file_systems_without_shared_locks_are_refused():
+    assert filesystem(Path("/mnt/shared/run/results"), MOUNTS) == "nfs4"
+    assert filesystem(Path("/mnt/shared/smb/results"), MOUNTS) == "cifs"  # the longest mount point wins
+    assert filesystem(Path("/mnt/sharedness"), MOUNTS) == "ext4"  # a prefix of the name is not a mount above it
+    check_lockable(Path("/mnt/shared/run"), MOUNTS)  # NFS carries flock through its lock manager
+    with pytest.raises(StoreError, match=r"/mnt/shared/smb/x is on a cifs file system.*FAIRKV_RESULTS_DIR"):
+        check_lockable(Path("/mnt/shared/smb/x"), MOUNTS)
