@@ -76,22 +76,149 @@ def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
     assert refused["mean"] == pytest.approx(0.3) and refused["n"] == 10
     assert (refused["low"], refused["high"]) == pytest.approx((0.1078, 0.6032), abs=1e-3)  # Wilson, n = 10, k = 3
     leak = analysis.means(rows, "leak_directive").iloc[0]
-    assert leak["mean"] == pytest.approx(0.45) and leak["low"] < 0.45 < leak["high"]
-    assert analysis.bootstrap_ci(rows["leak_directive"]) == analysis.bootstrap_ci(rows["leak_directive"])  # seeded
+    # seeded percentile bootstrap (1000 resamples, seed 0) of 0.0, 0.1, ..., 0.9: pinned, so a change of seed, resample
+    # count or interval method shows; a constant sample has a zero-width interval
+    assert (leak["mean"], leak["low"], leak["high"]) == pytest.approx((0.45, 0.27, 0.64))
+    assert analysis.bootstrap_ci(rows["leak_directive"], seed=1) != (leak["low"], leak["high"])
+    assert analysis.bootstrap_ci(pd.Series([0.3] * 5)) == pytest.approx((0.3, 0.3))
     with pytest.raises(analysis.AnalysisError, match="'prompt_strict'"):
         analysis.means(rows, "prompt_strict")
 
 
-@pytest.mark.parametrize("profile", list(experiment.PROFILES))
-@pytest.mark.parametrize("name", list(studies.STUDIES))
-def test_every_study_builds_a_valid_grid_in_every_profile(name, profile):
+ALL5 = ("streamingllm", "h2o", "snapkv", "tova", "knorm")
+TEN = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+MODELS = {"ci": ("smollm2-135m", "float32"), "cpu": ("qwen2.5-coder-1.5b", "float32"),
+          "paper": ("meta-llama/Llama-3.1-8B-Instruct", "bfloat16")}
+# Every study's grid at every profile, written out: what each notebook computes (tokens: attack, benign override)
+GRIDS = {
+    # ci
+    ("degradation", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=('streamingllm',),
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign',), tokens=(32, None)),
+    ("policies", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign',), tokens=(32, None)),
+    ("leakage", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("keep_rates", "ci"): dict(dataset='sys_ifeval_shuffled', n=8, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('keep',), tokens=(32, None)),
+    ("whitelist", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=ALL5,
+        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("fair", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=ALL5,
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("fair_flipped", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('flipped',), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("debias", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=('streamingllm',),
+        variants=('fair',), lams=(0.0, 0.5, 1.0), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("trec", "ci"): dict(dataset='trec_1k', n=1, orders=('normal',), policies=('streamingllm', 'snapkv'),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
+        queries=('benign', 'attack'), tokens=(32, 16)),
+    ("spans", "ci"): dict(dataset='spans_2', n=3, orders=('normal',), policies=('streamingllm', 'snapkv'),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
+        queries=('benign',), tokens=(32, 96)),
+    ("attacks", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
+        queries=('benign', 'attack'), tokens=(32, None)),
+    ("defenses", "ci"): dict(dataset='sys_ifeval_shuffled', n=3, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('attack',), tokens=(32, None)),
+    # cpu
+    ("degradation", "cpu"): dict(dataset='sys_ifeval_shuffled', n=24, orders=('normal',), policies=('streamingllm',),
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        queries=('benign',), tokens=(96, 64)),
+    ("policies", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        queries=('benign',), tokens=(96, 64)),
+    ("leakage", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("keep_rates", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('keep',), tokens=(96, 64)),
+    ("whitelist", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
+        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("fair", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("fair_flipped", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('flipped',), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("debias", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
+        variants=('fair',), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("trec", "cpu"): dict(dataset='trec_1k', n=10, orders=('normal',), policies=('streamingllm', 'snapkv'),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("spans", "cpu"): dict(dataset='spans_2', n=10, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
+        queries=('benign',), tokens=(96, 128)),
+    ("attacks", "cpu"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
+        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("defenses", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=('attack',), tokens=(96, 64)),
+    # paper
+    ("degradation", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal', 'flipped'), policies=('streamingllm',),
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('benign',), tokens=(256, 1280)),
+    ("policies", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('benign',), tokens=(256, 1280)),
+    ("leakage", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("keep_rates", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN,
+        queries=('keep',), tokens=(256, 1280)),
+    ("whitelist", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("fair", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("fair_flipped", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('flipped',), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("debias", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=TEN,
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("trec", "paper"): dict(dataset='trec_1k', n=None, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
+        queries=('benign', 'attack'), tokens=(256, 64)),
+    ("spans", "paper"): dict(dataset='spans_2', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
+        queries=('benign',), tokens=(256, 1280)),
+    ("attacks", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=('benign', 'attack'), tokens=(256, 1280)),
+    ("defenses", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
+        queries=('attack',), tokens=(256, 1280)),
+}
+
+
+@pytest.mark.parametrize("name, profile", list(GRIDS))
+def test_every_study_grid_in_every_profile(name, profile):
     grid = studies.grid(name, profile)
-    assert grid.model == experiment.PROFILES[profile].model
-    scale = studies.SCALE.get(profile, {}).get(name, {})
-    for field, value in studies.study(name).axes.items():
-        assert getattr(grid, field) == scale.get(field, value)
+    got = dict(dataset=grid.dataset, n=grid.n_prompts, orders=grid.orders, policies=grid.policies,
+               variants=grid.variants, lams=grid.lams, ratios=grid.ratios, queries=grid.queries,
+               tokens=(grid.max_new_tokens, grid.benign_tokens))
+    assert got == GRIDS[(name, profile)]
+    assert (grid.model, grid.dtype) == MODELS[profile]
     if "whitelist" in grid.variants:  # Section 5.1: the whitelist stops fitting the budget beyond r = 0.7
         assert max(grid.ratios) <= 0.7
+
+
+def test_the_grid_table_covers_every_study_and_profile():
+    assert set(GRIDS) == {(name, profile) for name in studies.STUDIES for profile in experiment.PROFILES}
 
 
 def test_study_overrides_and_errors():

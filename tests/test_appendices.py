@@ -113,7 +113,9 @@ def test_runtime_measures_equal_work_per_variant(smollm, normal_prompt, records)
     timings = runtime.measure(smollm, [(normal_prompt, records[0].user)], ("h2o", "snapkv"), (0.5,), repeats=2,
                               warmup=1, new_tokens=4, progress=False)
     assert len(timings) == 3 * 2 * 3 and timings["warmup"].sum() == 6
-    assert (timings["new_tokens"] == 4).all() and (timings["compress_s"] > 0).all()
+    assert (timings["new_tokens"] == 4).all() and (timings["n_prefix"] == normal_prompt.n_tokens).all()
+    # every round measures every (policy, variant) once: the same work for each, interleaved
+    assert (timings.groupby(["round", "policy", "variant"]).size() == 1).all()
     assert set(runtime.headline(runtime.summarise(timings)).index) == {(p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS}
 
 
@@ -148,7 +150,12 @@ def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatc
                            max_new_tokens=8)
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     first = judge.judge_rows(rows, smollm, tmp_path, progress=False)
-    assert len(first) == 4 and first["judge_score"].between(0, 4).all()
+    assert len(first) == 4
+    # each response carries its own score: judging the same (directive, response) pairs directly agrees row by row
+    text = judge.secrets(first)
+    direct = judge.score(smollm, [(text[(r.dataset, r.key)], r.response) for r in first.itertuples()])
+    assert first["judge_score"].tolist() == [d["judge_score"] for d in direct]
+    assert first["judge_expected"].tolist() == pytest.approx([d["judge_expected"] for d in direct], abs=1e-4)
     monkeypatch.setattr(judge, "score", lambda *a, **k: pytest.fail("judged again"))
     again = judge.judge_rows(rows, smollm, tmp_path, progress=False)
     pd.testing.assert_frame_equal(first, again)

@@ -114,10 +114,22 @@ def test_beyond_claims_hand_worked():
     critical = pd.DataFrame({"template": ["weak", "strong", "silent"], "variant": "base",
                              "refused_at_0": [0.5, 0.9, 0.0], "critical_ratio": [0.3, np.nan, np.nan]})
     claims = paper.beyond(starved, attacks, critical, ["weak", "strong"]).set_index("claim")["holds"]
-    assert claims.tolist() == [True, False, False, True, True, False, True, True, True]
-    # 0.2 -> 0.5 and 0.0 -> 0.5 at r = 0.5; fair loses compliance at 8 spans; leakage rises in 1 of 2 categories;
-    # refusal 1 -> 0; whitelist 0.35 -> 0.15, fair 0.35 -> 0.5; whitelist refusal 0 -> 1; refusal at r = 0 0.5 <= 0.9;
-    # the strong template never halves (inf) after the weak one's 0.3
+    # each claim's truth value worked out by hand from the tables above (claim text begins with the key)
+    expected = {
+        "N spans: fair eviction keeps the smallest span": (True, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
+        "N spans: fair eviction raises per-span compliance": (False, "gain +0.3 at N=2 but -0.1 at N=8"),
+        "many attacks: StreamingLLM at r = 0.5 raises leakage": (False, "A rises 0.1 -> 0.6, B falls: 1 of 2"),
+        "many attacks: StreamingLLM at r = 0.5 drops the refusal": (True, "refusal 1 -> 0 in both categories"),
+        "many attacks: whitelist lowers mean leakage": (True, "mean 0.35 -> 0.15"),
+        "many attacks: fair lowers mean leakage": (False, "mean 0.35 -> 0.50"),
+        "many attacks: the whitelist keeps the refusal": (True, "whitelist refusal 1 at r = 0.5, base 0"),
+        "defense strength: a stronger template refuses": (True, "refusal at r = 0: weak 0.5 <= strong 0.9"),
+        "defense strength: a stronger template moves the critical ratio": (True, "weak 0.3, strong never halves"),
+    }
+    assert len(claims) == len(expected)
+    got = {key: next(bool(v) for c, v in claims.items() if c.startswith(key)) for key in expected}
+    changed = {key: f"expected {want} ({why}), got {got[key]}" for key, (want, why) in expected.items() if got[key] != want}
+    assert not changed, changed
     reversed_ = paper.beyond(starved, attacks, critical, ["strong", "weak"])
     assert not reversed_["holds"].iloc[-1] and "strong: never, weak: 0.3" in reversed_["ours"].iloc[-1]
     assert not paper.beyond(starved, attacks, critical, ["weak", "silent"])["holds"].iloc[-1]  # nothing to move

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -103,17 +104,26 @@ SEGMENT_TEXT = st.text(
 ).filter(lambda text: text.strip())
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(SEGMENT_TEXT, min_size=1, max_size=8), separator=st.sampled_from(["\n", "\n\n", " ", ""]))
-def test_fuzzed_prompts_partition_exactly(tokenizer, texts, separator):
-    segments = [(f"span{i}", text) for i, text in enumerate(texts)]
-    try:
-        prompt = prompts.build_prompt(tokenizer, segments, separator=separator)
-    except PromptError as error:  # the property: an exact partition, or this clear error (no silent bad spans)
-        assert "holds no token" in str(error)  # a segment the tokenizer merged into its neighbour ("0::", no separator)
-        return
-    check_partition(prompt)
-    assert [s.name for s in prompt.spans] == [name for name, _ in segments]
+def test_fuzzed_prompts_partition_exactly(tokenizer):
+    outcomes = Counter()
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(texts=st.lists(SEGMENT_TEXT, min_size=1, max_size=8), separator=st.sampled_from(["\n", "\n\n", " ", ""]))
+    def partition(texts, separator):
+        segments = [(f"span{i}", text) for i, text in enumerate(texts)]
+        try:
+            prompt = prompts.build_prompt(tokenizer, segments, separator=separator)
+        except PromptError as error:  # the property: an exact partition, or this clear error (no silent bad spans)
+            assert "holds no token" in str(error)  # a segment the tokenizer merged into its neighbour ("0::", no separator)
+            outcomes["merged"] += 1
+            return
+        check_partition(prompt)
+        assert [s.name for s in prompt.spans] == [name for name, _ in segments]
+        outcomes["partitioned"] += 1
+
+    partition()
+    # the partition check must carry the property: most examples reach it, the clear error is the exception
+    assert outcomes["partitioned"] >= 0.8 * sum(outcomes.values()), outcomes
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -34,7 +34,7 @@ def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(tmp_p
             time.sleep(0.05)
         time.sleep(extra_delay)
         process.send_signal(signal.SIGKILL)
-        process.wait()
+        assert process.wait() == -signal.SIGKILL, "the sweep ended before the kill"
         lines = complete_lines(store)
         assert len(lines) == len({json.loads(line)["cell_id"] for line in lines}), "a duplicate row after a kill"
     finished = sweep(tmp_path / "killed")

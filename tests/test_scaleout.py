@@ -17,7 +17,7 @@ import pytest
 from fairkv import executors, experiment
 from fairkv.executors import ExecutorError, RayExecutor, Serial
 
-from test_reliability import GRID, complete_lines, stable
+from sweeps import GRID, complete_lines, stable
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs ray (pip install ray==2.60.0)")
 
@@ -36,9 +36,28 @@ def serial_rows(smollm, tmp_path_factory):
     return experiment.run(experiment.Grid(**EIGHT), tmp_path_factory.mktemp("serial"), progress=False, lm=smollm)
 
 
-def worker_pids() -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "ray::_Worker"], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found]
+def worker_pids() -> set[int]:
+    """The Ray worker processes of the cluster this test process started (its descendants), never another's."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    family, grew = {os.getpid()}, True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in family} - family
+        family |= children
+        grew = bool(children)
+    workers = set()
+    for pid in family - {os.getpid()}:
+        try:
+            if b"ray::_Worker" in open(f"/proc/{pid}/cmdline", "rb").read():
+                workers.add(pid)
+        except OSError:
+            continue
+    return workers
 
 
 def test_executor_specs():
@@ -64,23 +83,32 @@ def test_ray_rows_equal_serial_rows(cluster, serial_rows, tmp_path):
 def test_worker_killed_mid_run_is_restarted_and_the_grid_completes(cluster, serial_rows, tmp_path):
     grid = experiment.Grid(**EIGHT)
     store = experiment.store_for(grid, tmp_path).path
-    killed = []
+    seen = {}
 
-    def kill_a_worker_after_the_first_task():
+    def kill_a_worker_mid_task_then_watch_it_restart():
         deadline = time.time() + 300
         while len(complete_lines(store)) < 10 and time.time() < deadline:
             time.sleep(0.05)
-        pids = worker_pids()
-        if pids:
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+        before = worker_pids()
+        if not before:
+            return
+        victim = min(before)
+        seen["landed"] = len(complete_lines(store))  # both workers hold a task: 8 tasks of 10 rows, one landed
+        os.kill(victim, signal.SIGKILL)
+        seen["victim"], seen["before"] = victim, before
+        while time.time() < deadline and not worker_pids() - before:
+            time.sleep(0.05)
+        seen["restarted"] = worker_pids() - before
 
-    killer = threading.Thread(target=kill_a_worker_after_the_first_task)
-    killer.start()
+    watcher = threading.Thread(target=kill_a_worker_mid_task_then_watch_it_restart)
+    watcher.start()
     rows = experiment.run(grid, tmp_path, progress=False, executor={"kind": "ray", "workers": 2})
-    killer.join()
-    assert killed, "no Ray worker process was found to kill"
-    assert killed[0] not in worker_pids()
+    watcher.join()
+    assert len(seen.get("before", ())) == 2, f"this test's cluster should run 2 workers, found {seen.get('before')}"
+    assert seen["landed"] <= serial_rows["cell_id"].nunique() - 20, "the kill should fall while tasks are in flight"
+    assert seen["restarted"], "no new worker process replaced the killed one (actor restart)"
+    assert seen["victim"] not in worker_pids()
+    # the killed worker's task was retried: every cell is in the store once, rows equal the serial run's
     lines = complete_lines(store)
     assert len(lines) == serial_rows["cell_id"].nunique() == len({json.loads(line)["cell_id"] for line in lines})
     assert stable(rows) == stable(serial_rows)
@@ -104,7 +132,7 @@ def test_driver_killed_mid_run_resumes_without_duplicates(serial_rows, tmp_path)
     while len(complete_lines(store)) < 20 and driver.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
-    driver.wait()
+    assert driver.wait() == -signal.SIGKILL
     landed = len(complete_lines(store))
     assert 20 <= landed < serial_rows["cell_id"].nunique(), "the kill should fall mid-run"
     resumed = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, capture_output=True, timeout=600)
