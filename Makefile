@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # cpu: the embedded-default reproduction (Qwen2.5-Coder-1.5B); ci: SmolLM2, minutes; paper: a GPU and a HF model
 PROFILE ?= cpu
 
-.PHONY: setup reproduce test clean
+.PHONY: setup reproduce test test-fast clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,10 @@ reproduce: setup
 test: setup
 	@results=$$(mktemp -d) && FAIRKV_RESULTS_DIR=$$results $(BIN)/python -m pytest tests notebooks --durations=15 --nbval \
 		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; rm -rf $$results; exit $$status
+
+# a developer's edit-test loop: no language model, nothing slow (tiers: tests/conftest.py)
+test-fast: setup
+	$(BIN)/python -m pytest tests -m "not model and not slow" -q
 
 clean:
 	rm -rf $(VENV) results reports/ci
