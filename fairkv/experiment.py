@@ -30,7 +30,7 @@ from fairkv import data, engine, executors, generation, metrics, models, prompts
 from fairkv.paths import results_dir
 from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
-from fairkv.progress import bar as progress_bar
+from fairkv.progress import bar as progress_bar, note as progress_note
 from fairkv.store import ResultsStore, StoreError
 
 # keep: no decoding, the row holds the keep rates and timings only; "attack" is the paper's attack, and any
@@ -290,7 +290,8 @@ def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions:
     from it, then the benign queries and the attack queries (all kinds together) decoded in batches across the
     group."""
     items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
-    for record, order, missing, ids in work:
+    for number, (record, order, missing, ids) in enumerate(work, start=1):
+        progress_note(f"prefilling prompt {number} of {len(work)} in this task")
         prompt = prompts.prompt_for(lm.tokenizer, record, templates, order, grid.template)
         policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
         prefilled = engine.prefill(lm, prompt, policies)

@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from fairkv.models import LoadedModel, clock
 from fairkv.presses import build_press, get_policy
+from fairkv.progress import note as progress_note
 from fairkv.prompts import Prompt, PromptError
 
 
@@ -152,6 +153,7 @@ def answer_batch(
     generated: list[list[int]] = [[] for _ in items]
     active = list(range(len(items)))  # original index of each row still in the batch
     for step in range(max_new_tokens):
+        progress_note(f"decoding {len(active)} of {len(items)} answers, token {step + 1} of at most {max_new_tokens}")
         tokens = logits[:, -1].argmax(dim=-1)
         running = []  # rows (of the current batch) whose sequence goes on
         for row, token in enumerate(tokens.tolist()):

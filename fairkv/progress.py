@@ -6,7 +6,8 @@ it for the kernel papermill starts and shows the state in its own terminal (``Mo
 which cell runs, and one cell of a sweep can run for an hour.
 
 The ETA counts only the work done in this run: rows read back from the results store are in ``done`` but not in the
-rate.
+rate. Between two updates of a bar (a task of a sweep can take many minutes), ``note`` says what runs now (which
+prompt is prefilled, which decoding step), shown after the bar's state.
 """
 
 from __future__ import annotations
@@ -22,6 +23,27 @@ from tqdm import tqdm
 
 PROGRESS_SETTING = "FAIRKV_PROGRESS_FILE"
 REPORT_EVERY_S = 1.0
+
+
+_noted = 0.0
+
+
+def _doing_file(sink: str) -> Path:
+    return Path(sink + ".doing")
+
+
+def note(text: str) -> None:
+    """Say what runs now, at most once a second; nothing when no terminal watches (``FAIRKV_PROGRESS_FILE`` unset),
+    or where the file cannot be written (a Ray worker on another node)."""
+    global _noted
+    sink = os.environ.get(PROGRESS_SETTING)
+    if not sink or time.monotonic() - _noted < REPORT_EVERY_S:
+        return
+    _noted = time.monotonic()
+    try:
+        _doing_file(sink).write_text(text)
+    except OSError:
+        pass
 
 
 class Bar(tqdm):
@@ -46,6 +68,7 @@ class Bar(tqdm):
         if not self._sink or (not force and now - self._reported < REPORT_EVERY_S):
             return
         self._reported = now
+        _doing_file(self._sink).unlink(missing_ok=True)  # what ran until now is done
         elapsed, computed = now - self._started, self._done - self._first
         eta = (self._total - self._done) * elapsed / computed if computed else None
         state = {"what": self._what, "done": self._done, "total": self._total, "elapsed_s": elapsed, "eta_s": eta}
@@ -69,14 +92,14 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
-def describe(state: dict | None, elapsed: float) -> str:
-    """One status line: the loop's rows done / total and ETA, or only the notebook's elapsed time."""
+def describe(state: dict | None, elapsed: float, doing: str | None = None) -> str:
+    """One status line: the loop's rows done / total and ETA (or only the notebook's elapsed time), and what runs."""
     line = f"{duration(elapsed)} elapsed"
     if state:
         share = state["done"] / state["total"] if state["total"] else 1.0
         eta = "ETA " + duration(state["eta_s"]) if state["eta_s"] is not None else "ETA after the first rows"
         line += f" | {state['what']} {state['done']}/{state['total']} ({share:.0%}), {eta}"
-    return line
+    return line + (f" | now: {doing}" if doing else "")
 
 
 class Monitor:
@@ -91,6 +114,7 @@ class Monitor:
 
     def __enter__(self) -> "Monitor":
         self.path.unlink(missing_ok=True)
+        _doing_file(str(self.path)).unlink(missing_ok=True)
         os.environ[PROGRESS_SETTING] = str(self.path)
         self._started = time.monotonic()
         self._thread.start()
@@ -103,6 +127,7 @@ class Monitor:
         if self.stream.isatty():
             self.stream.write("\r\033[K")
         self.path.unlink(missing_ok=True)
+        _doing_file(str(self.path)).unlink(missing_ok=True)
 
     def state(self) -> dict | None:
         try:
@@ -110,12 +135,18 @@ class Monitor:
         except (OSError, ValueError):
             return None
 
+    def doing(self) -> str | None:
+        try:
+            return _doing_file(str(self.path)).read_text() or None
+        except OSError:
+            return None
+
     def _watch(self) -> None:
         live, printed_at, printed = self.stream.isatty(), 0.0, None
         while True:
             stopping = self._stop.wait(self.poll_s)
             state = self.state()
-            line = describe(state, time.monotonic() - self._started)
+            line = describe(state, time.monotonic() - self._started, self.doing())
             if live:
                 self.stream.write("\r\033[K  " + line)
             elif time.monotonic() - printed_at >= self.every_s or (state != printed and (

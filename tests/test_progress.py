@@ -6,7 +6,7 @@ import io
 import json
 import time
 
-from fairkv import progress
+from fairkv import cli, progress
 
 
 def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
@@ -36,9 +36,31 @@ def test_monitor_prints_the_state_and_the_end(tmp_path):
     assert not (tmp_path / "state.json").exists() and progress.PROGRESS_SETTING not in __import__("os").environ
 
 
+def test_a_note_says_what_runs_between_two_updates(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "_noted", 0.0)
+    stream = io.StringIO()
+    with progress.Monitor(tmp_path / "state.json", stream, every_s=0.05, poll_s=0.01):
+        bar = progress.bar(total=3, desc="rows", disable=True)
+        progress.note("decoding 24 of 24 answers, token 7 of at most 96")
+        time.sleep(0.2)
+        assert "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96" \
+            in stream.getvalue()
+        bar.update(3)  # the rows landed: the note is done with
+        time.sleep(0.2)
+    assert stream.getvalue().splitlines()[-1].endswith("| rows 3/3 (100%), ETA 0 s")
+
+
 def test_describe_and_duration():
     assert progress.duration(42) == "42 s" and progress.duration(723) == "12 min 3 s"
     assert progress.duration(7500) == "2 h 5 min"
     state = {"what": "rows", "done": 120, "total": 480, "elapsed_s": 60.0, "eta_s": 180.0}
     assert progress.describe(state, 75.0) == "1 min 15 s elapsed | rows 120/480 (25%), ETA 3 min 0 s"
     assert progress.describe(None, 5.0) == "5 s elapsed"
+
+
+def test_reproduce_says_how_long_before_it_starts():
+    notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    assert cli.expected_time("cpu", notebooks).startswith("measured on a 2-core machine for the cpu profile: about 166 min")
+    assert "at most 83 min (00-07: 83 min" in cli.expected_time("cpu", notebooks[3:4])  # timed as a group
+    assert "about 1 min (03: 0.9 min" in cli.expected_time("ci", notebooks[3:4])
+    assert "the paper profile needs a GPU" in cli.expected_time("paper", notebooks)
