@@ -32,7 +32,7 @@ from fairkv import data, engine, generation, metrics, models, prompts
 from fairkv.data import Record
 from fairkv.presses import check_ratio, get_policy
 from fairkv.presses.selection import WhitelistError
-from fairkv.progress import bar as progress_bar
+from fairkv.progress import Bar
 
 VARIANTS = ("base", "whitelist", "fair")
 HEADER = re.compile(r"^##\s+(?P<name>[\w.-]+)(?:\s+check=(?P<check>\S+)(?:\s+(?P<kwargs>\{.*\}))?)?\s*$")
@@ -284,7 +284,7 @@ def run(
     if audited.query:
         items += [(v, r, c, keep, "benign", audited.query) for v, r, c, keep in caches]
     rows = []
-    bar = progress_bar(total=len(items), desc="answers", disable=not progress)
+    bar = Bar(total=len(items), desc="answers", disable=not progress)
     for first in range(0, len(items), batch_size):
         batch = items[first : first + batch_size]
         answers = generation.answer_batch(lm, [(c, prompt.query_ids(text)) for _, _, c, _, _, text in batch], max_new_tokens)

@@ -22,7 +22,7 @@ from fairkv.data import Record
 from fairkv.generation import Compressed, answer
 from fairkv.models import LoadedModel
 from fairkv.presses import check_ratio, get_policy
-from fairkv.progress import bar as progress_bar
+from fairkv.progress import Bar
 from fairkv.prompts import Prompt
 
 
@@ -97,7 +97,7 @@ def evaluate_prompt(
     for policy in policies:
         get_policy(policy)
     prefilled = engine.prefill(lm, prompt, tuple(policies))  # scores every policy once (score once, cut many)
-    bar = progress_bar(total=len(policies) * sum(r > 0 for r in ratios) + (0.0 in ratios), desc="cells", disable=not progress)
+    bar = Bar(total=len(policies) * sum(r > 0 for r in ratios) + (0.0 in ratios), desc="cells", disable=not progress)
     baseline = None
     if 0.0 in ratios:
         baseline = _row(lm, record, prompt, engine.cut(prefilled, None, 0.0), attack, max_new_tokens)

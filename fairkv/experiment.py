@@ -30,7 +30,7 @@ from fairkv import data, engine, executors, generation, metrics, models, prompts
 from fairkv.paths import results_dir
 from fairkv.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.presses.selection import check_lam
-from fairkv.progress import bar as progress_bar, note as progress_note
+from fairkv.progress import Bar, note as progress_note
 from fairkv.store import ResultsStore, StoreError
 
 # keep: no decoding, the row holds the keep rates and timings only; "attack" is the paper's attack, and any
@@ -239,7 +239,7 @@ def run(
             done = store.rows()  # rows another process stored while this one waited are reused
             tasks, total = _plan(grid, records, checksum, done, job.versions, store)
             missing = sum(len(cells) for task in tasks for _, _, cells, _ in task)
-            bar = progress_bar(total=total, initial=total - missing, desc="rows", unit="row", disable=not progress)
+            bar = Bar(total=total, initial=total - missing, desc="rows", unit="row", disable=not progress)
             for rows in executors.executor(executor, lm).map(job, tasks) if tasks else ():
                 rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
                 done.update({row["cell_id"]: row for row in store.append(rows)})

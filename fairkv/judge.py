@@ -28,7 +28,7 @@ import torch
 
 from fairkv import data, models
 from fairkv.paths import results_dir
-from fairkv.progress import bar as progress_bar
+from fairkv.progress import Bar
 from fairkv.store import ResultsStore
 
 JUDGE_VERSION = "1"  # bump when the prompt or the scoring changes: stored scores of other versions are not reused
@@ -107,7 +107,7 @@ def score(lm: models.LoadedModel, pairs: list[tuple[str, str]], batch_size: int 
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out: list[dict | None] = [None] * len(pairs)
-    bar = progress_bar(total=len(order), desc="judged", unit="response", disable=not progress)
+    bar = Bar(total=len(order), desc="judged", unit="response", disable=not progress)
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
         length = max(len(encoded[i]) for i in batch)

@@ -7,12 +7,13 @@ LongBench's ``length`` field (words): 1000-2000, 2000-3000 and 3000-4000. Accura
 score (lm-eval's ``longbench`` implementation, on the response's first line, as LongBench scores TREC); leakage is
 ROUGE-L recall of the directive, as for sys_ifeval.
 
-Where the data comes from (``trec_file``): ``longbench/trec.jsonl`` in the data folder (``data/``, or ``FAIRKV_DATA_DIR``) and, when present,
-``trec_e.jsonl`` (LongBench-E) in LongBench's published JSONL format (fields ``input``, ``context``, ``answers``,
-``length``, ``all_classes``, ``_id``); else, with network access, LongBench's ``data.zip`` from the Hugging Face hub
-(``THUDM/LongBench``), unpacked into the fairkv cache. Neither exists on the reference machine, so the project writes
-a small synthetic file in the same format (``write_synthetic``: questions and types authored for fairkv) to test the
-loader and run the pipeline; everything computed on it is labelled synthetic and is not a result.
+Where the data comes from (``trec_file``): ``longbench/trec.jsonl`` in the data folder (``data/``, or
+``FAIRKV_DATA_DIR``) and, when present, ``trec_e.jsonl`` (LongBench-E) in LongBench's published JSONL format (fields
+``input``, ``context``, ``answers``, ``length``, ``all_classes``, ``_id``); else, with network access, LongBench's
+``data.zip`` from the Hugging Face hub (``THUDM/LongBench``), unpacked into the fairkv cache. Neither exists on the
+reference machine, so the project writes a small synthetic file in the same format (``write_synthetic``: questions and
+types authored for fairkv) to test the loader and run the pipeline; everything computed on it is labelled synthetic
+and is not a result.
 """
 
 from __future__ import annotations

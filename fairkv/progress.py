@@ -1,6 +1,6 @@
 """Progress of long loops, in the notebook and in the terminal that runs it.
 
-``bar`` is a tqdm bar (shown in the notebook or the terminal that runs the loop) that also writes its state (what,
+``Bar`` is a tqdm bar (shown in the notebook or the terminal that runs the loop) that also writes its state (what,
 done, total, elapsed, ETA) to the file named by ``FAIRKV_PROGRESS_FILE`` when that is set. ``fairkv reproduce`` sets
 it for the kernel papermill starts and shows the state in its own terminal (``Monitor``): papermill alone shows only
 which cell runs, and one cell of a sweep can run for an hour.
@@ -23,9 +23,7 @@ from tqdm import tqdm
 
 PROGRESS_SETTING = "FAIRKV_PROGRESS_FILE"
 REPORT_EVERY_S = 1.0
-
-
-_noted = 0.0
+_noted = 0.0  # when ``note`` last wrote
 
 
 def _doing_file(sink: str) -> Path:
@@ -76,10 +74,6 @@ class Bar(tqdm):
         staging = path.with_name(path.name + ".tmp")
         staging.write_text(json.dumps(state))
         os.replace(staging, path)  # the reader never sees half a state
-
-
-def bar(total: int, desc: str, initial: int = 0, disable: bool = False, **kwargs) -> Bar:
-    return Bar(total=total, desc=desc, initial=initial, disable=disable, **kwargs)
 
 
 def duration(seconds: float) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from fairkv import data, generation, models, prompts
 from fairkv.presses import POLICIES
-from fairkv.progress import bar as progress_bar
+from fairkv.progress import Bar
 from fairkv.prompts import Prompt
 
 VARIANTS = ("base", "whitelist", "fair")
@@ -77,7 +77,7 @@ def measure(
     rows = []
     work = [(i, c, p, r, v) for i, c in enumerate(cases) for p in policies for r in ratios for v in variants]
     rounds = range(-warmup, repeats)
-    with progress_bar(total=len(rounds) * len(work), desc="timings", disable=not progress) as bar:
+    with Bar(total=len(rounds) * len(work), desc="timings", disable=not progress) as bar:
         for round_ in rounds:
             for index, (prompt, query), policy, ratio, variant in work:
                 compressed = generation.compress(lm, prompt, policy, ratio, variant)

@@ -13,7 +13,7 @@ def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
     sink = tmp_path / "state.json"
     monkeypatch.setenv(progress.PROGRESS_SETTING, str(sink))
     monkeypatch.setattr(progress, "REPORT_EVERY_S", 0.0)
-    bar = progress.bar(total=10, desc="rows", initial=4, disable=True)  # 4 rows read back from the store
+    bar = progress.Bar(total=10, desc="rows", initial=4, disable=True)  # 4 rows read back from the store
     assert json.loads(sink.read_text()) | {"elapsed_s": 0} == {"what": "rows", "done": 4, "total": 10,
                                                                "elapsed_s": 0, "eta_s": None}
     time.sleep(0.05)
@@ -27,7 +27,7 @@ def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
 def test_monitor_prints_the_state_and_the_end(tmp_path):
     stream = io.StringIO()  # not a terminal: whole lines
     with progress.Monitor(tmp_path / "state.json", stream, every_s=3600, poll_s=0.01):
-        bar = progress.bar(total=4, desc="rows", disable=True)
+        bar = progress.Bar(total=4, desc="rows", disable=True)
         bar.update(4)
         time.sleep(0.1)
     lines = stream.getvalue().splitlines()
@@ -40,7 +40,7 @@ def test_a_note_says_what_runs_between_two_updates(tmp_path, monkeypatch):
     monkeypatch.setattr(progress, "_noted", 0.0)
     stream = io.StringIO()
     with progress.Monitor(tmp_path / "state.json", stream, every_s=0.05, poll_s=0.01):
-        bar = progress.bar(total=3, desc="rows", disable=True)
+        bar = progress.Bar(total=3, desc="rows", disable=True)
         progress.note("decoding 24 of 24 answers, token 7 of at most 96")
         time.sleep(0.2)
         assert "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96" \
