@@ -24,7 +24,8 @@ from fairkv.paths import REPO_ROOT, reports_dir, results_dir
 from fairkv.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
-# Wall minutes measured on this repository's 2-core machine (make reproduce, empty results store), by notebook group.
+# Wall minutes measured on this repository's 2-core machine (make reproduce, empty results store): per notebook for
+# ci, per group of notebooks for cpu (timed together in earlier sessions).
 MEASURED_MINUTES = {
     "ci": {"00": 1.1, "01": 0.3, "02": 0.4, "03": 0.9, "04": 0.4, "05": 0.7, "06": 1.1, "07": 0.3, "08": 0.7, "09": 0.6,
            "10": 0.6, "11": 7.4},
