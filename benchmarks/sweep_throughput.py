@@ -1,14 +1,19 @@
-"""Engine vs the plain loop the authors use, side by side in one process; keep-rate sweeps.
+"""Engine vs the plain loop the authors use, side by side in one process; this machine's limit; keep-rate sweeps.
 
-    .venv/bin/python benchmarks/sweep_throughput.py --model smollm2-135m \
-        --prompts 8 --max-new-tokens 64
+    .venv/bin/python benchmarks/sweep_throughput.py --model qwen2.5-coder-1.5b --dtype bfloat16 \
+        --prompts 4 --max-new-tokens 64 --batch-size 64 --plain-prompts 2 --float32-prompts 1
 
 (a) plain loop: for every prompt, policy and ratio, prefill with the press (kvpress's hook) and answer each query at
-    batch size 1 (kvpress's pipeline decode); nothing is shared.
-(b) engine: ``experiment.run`` on a fresh store: one prefill per prompt, every setting cut from it, batched decoding.
-Prints generated tokens per second of both (end to end: prefill, compression, decoding), their ratio, and the share
-of responses identical between (a) and (b). Then the keep-rate sweep over 10 ratios both ways (with a check that the
-kept sets are identical). The cost of the mitigations is measured by ``benchmarks/runtime.py``.
+    batch size 1 (kvpress's pipeline decode); nothing is shared. It runs at the engine's precision on the first
+    ``--plain-prompts`` prompts, and (a') at float32 (today's main before bfloat16) on the first ``--float32-prompts``.
+(b) engine: ``experiment.run`` on a fresh store: one prefill per prompt, every setting cut from it, one running
+    decode batch.
+(c) the machine's limit: the model's linear layers (every decoder layer and the LM head) run as plain matmuls on a
+    batch of ``--batch-size`` rows at the engine's precision: tokens per second if attention, the cache and Python
+    cost nothing.
+Prints generated tokens per second (end to end: prefill, compression, decoding), the ratios, the engine's share of
+the limit, and the share of responses identical between (a) and (b). Then the keep-rate sweep over 10 ratios both
+ways (with a check that the kept sets are identical). The cost of the mitigations is ``benchmarks/runtime.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +53,20 @@ def engine_run(lm, grid):
     return responses, int(computed["new_tokens"].sum()), seconds
 
 
+@torch.inference_mode()
+def matmul_limit(lm, batch: int, repeats: int = 5) -> float:
+    """Tokens per second of the model's linear layers alone on ``batch`` rows (best of ``repeats`` passes)."""
+    linears = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(batch, m.in_features, dtype=lm.model.dtype) for m in linears}
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for m in linears:
+            torch.nn.functional.linear(inputs[m.in_features], m.weight)
+        best = min(best, time.perf_counter() - start)
+    return batch / best
+
+
 def keep_rate_sweep(lm, prompt, ratios):
     start = time.perf_counter()
     pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in POLICIES for r in ratios}
@@ -68,27 +87,45 @@ def main() -> None:
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dtype", default="bfloat16", choices=experiment.DTYPES)
+    parser.add_argument("--plain-prompts", type=int, help="prompts for the plain loop (default: all)")
+    parser.add_argument("--float32-prompts", type=int, default=1, help="prompts for the float32 plain loop (0: skip)")
     args = parser.parse_args()
 
-    lm = models.load_model(args.model)
+    lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
     records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=args.prompts)
     templates, attack = data.load_defense_templates(), data.paper_attack().text
     policies = tuple(POLICIES)
     grid = experiment.Grid(
         model=args.model, n_prompts=args.prompts, ratios=tuple(args.ratios), max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size, dtype=args.dtype,
     )
-    print(f"model {args.model}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} ratios x 2 "
-          f"queries, max_new_tokens {args.max_new_tokens}, {torch.get_num_threads()} threads")
+    print(f"model {args.model} in {args.dtype}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} "
+          f"ratios x 2 queries, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}, "
+          f"{torch.get_num_threads()} threads")
     engine_run(lm, grid.with_overrides(n_prompts=1, max_new_tokens=4))  # warm-up
-    plain, plain_tokens, plain_s = plain_loop(lm, records, templates, attack, policies, args.ratios, args.max_new_tokens)
+    plain_records = records[: args.plain_prompts]
+    plain, plain_tokens, plain_s = plain_loop(lm, plain_records, templates, attack, policies, args.ratios,
+                                              args.max_new_tokens)
     ours, our_tokens, our_s = engine_run(lm, grid)
+    limit = matmul_limit(lm, args.batch_size)
     same = sum(plain[k] == ours[k] for k in plain)
-    print(f"(a) plain loop: {plain_tokens} tokens in {plain_s:.1f} s = {plain_tokens / plain_s:.1f} tok/s")
-    print(f"(b) engine:     {our_tokens} tokens in {our_s:.1f} s = {our_tokens / our_s:.1f} tok/s")
-    print(f"engine / plain throughput: {(our_tokens / our_s) / (plain_tokens / plain_s):.2f}x; "
-          f"wall-time speed-up {plain_s / our_s:.2f}x")
-    print(f"identical responses: {same}/{len(plain)} ({same / len(plain):.1%})")
+    engine_speed, plain_speed = our_tokens / our_s, plain_tokens / plain_s
+    print(f"(a) plain loop, {args.dtype}, {len(plain_records)} prompts: {plain_tokens} tokens in {plain_s:.1f} s = "
+          f"{plain_speed:.1f} tok/s")
+    if args.float32_prompts:
+        lm32 = lm if args.dtype == "float32" else models.load_model(args.model, dtype=torch.float32)
+        _, tokens32, seconds32 = plain_loop(lm32, records[: args.float32_prompts], templates, attack, policies,
+                                            args.ratios, args.max_new_tokens)
+        print(f"(a') plain loop, float32, {args.float32_prompts} prompts: {tokens32} tokens in {seconds32:.1f} s = "
+              f"{tokens32 / seconds32:.1f} tok/s")
+    print(f"(b) engine, {args.dtype}, {args.prompts} prompts: {our_tokens} tokens in {our_s:.1f} s = "
+          f"{engine_speed:.1f} tok/s")
+    print(f"(c) limit, {args.dtype} matmuls of the model's shapes at batch {args.batch_size}: {limit:.1f} tok/s")
+    print(f"engine / plain loop at {args.dtype}: {engine_speed / plain_speed:.2f}x"
+          + (f"; engine / float32 plain loop: {engine_speed / (tokens32 / seconds32):.2f}x" if args.float32_prompts else "")
+          + f"; engine / limit: {engine_speed / limit:.1%}")
+    print(f"identical responses, plain loop vs engine: {same}/{len(plain)} ({same / len(plain):.1%})")
 
     prompt = prompts.paper_prompt(lm.tokenizer, records[0], templates)
     ratios = [round(0.1 * i, 1) for i in range(10)]

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats
 
 from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal, proportion_ci
+from fairkv.verdicts import bootstrap_ci
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
 BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked", "benign_refused"}  # 0/1 per prompt: Wilson intervals
@@ -46,16 +47,6 @@ def with_benign_refusals(rows: pd.DataFrame) -> pd.DataFrame:
     benign = rows["query"] == "benign"
     refused = rows["response"].where(benign).map(lambda text: float(is_refusal(text)), na_action="ignore")
     return rows.assign(benign_refused=refused)
-
-
-def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (seeded, so tables are reproducible)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    draws = np.random.default_rng(seed).choice(values, size=(n_boot, len(values))).mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
 
 
 def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.DataFrame:
@@ -147,29 +138,40 @@ def composite(rows: pd.DataFrame, variant: str, base: str = "base") -> pd.DataFr
 
 
 def table1(rows: pd.DataFrame, ratios: tuple[float, ...], variants: tuple[str, ...] = ("whitelist", "fair")) -> pd.DataFrame:
-    """Table 1: composite score per policy and variant, mean and std (numpy's, ddof 0) over ``ratios``.
-
-    Only the ratios the rows hold are used; the table says which in its ``ratios`` column.
-    """
+    """Table 1: composite score per policy and variant, mean and std (numpy's, ddof 0) over ``ratios`` (all of
+    which the rows must hold: a table over fewer ratios is not the paper's)."""
+    missing = sorted(set(ratios) - set(rows["ratio"]))
+    if missing:
+        raise AnalysisError(f"Table 1 needs r = {missing} beside the ratios run {sorted(set(rows['ratio']))}")
     scores = pd.concat([composite(rows, v) for v in variants])
     scores = scores[scores["ratio"].isin(ratios)]
-    if scores.empty:
-        raise AnalysisError(f"none of the ratios {ratios} is in the rows")
     out = scores.groupby(["policy", "order", "variant"])["score"].agg(
         mean="mean", std=lambda s: float(np.std(s)), ratios=lambda s: len(s)
     )
     return out.reset_index()
 
 
-def pareto_frequency(rows: pd.DataFrame) -> pd.DataFrame:
-    """Appendix H: at each ratio, lambda is optimal if no other lambda has both lower leakage and higher accuracy;
-    per policy and order, the share of ratios where each lambda is optimal."""
+PARETO_RULES = ("strict", "weak")
+
+
+def pareto_frequency(rows: pd.DataFrame, rule: str = "strict") -> pd.DataFrame:
+    """Appendix H: per policy and order, the share of ratios where each lambda is Pareto-optimal in (accuracy,
+    leakage). ``rule`` "strict" (the paper's words): a lambda is dominated when another has both lower leakage and
+    higher accuracy, so ties on one axis dominate nothing; "weak": when another is at least as good on both and
+    strictly better on one."""
+    if rule not in PARETO_RULES:
+        raise AnalysisError(f"unknown dominance rule {rule!r}: use one of {', '.join(PARETO_RULES)}")
     table = setting_means(rows)
     table = table[table["variant"].str.startswith("fair")]
     out = []
     for (policy, order, ratio), frame in table.groupby(["policy", "order", "ratio"]):
+        leakage, accuracy = frame["leakage"].to_numpy(), frame["accuracy"].to_numpy()
         for point in frame.itertuples():
-            dominated = ((frame["leakage"] < point.leakage) & (frame["accuracy"] > point.accuracy)).any()
+            if rule == "strict":
+                dominated = ((leakage < point.leakage) & (accuracy > point.accuracy)).any()
+            else:
+                no_worse = (leakage <= point.leakage) & (accuracy >= point.accuracy)
+                dominated = (no_worse & ((leakage < point.leakage) | (accuracy > point.accuracy))).any()
             out.append({"policy": policy, "order": order, "ratio": ratio, "lam": point.lam, "optimal": not dominated})
     frame = pd.DataFrame(out)
     return frame.groupby(["policy", "order", "lam"])["optimal"].agg(frequency="mean", ratios="size").reset_index()

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from fairkv.generation import Compressed, check_policy_fits
 from fairkv.models import LoadedModel, clock
 from fairkv.presses import check_ratio, make_press
-from fairkv.presses.scoring import ranking_scores, span_local_scores
+from fairkv.presses.scoring import ranking_scores, reserved_positions, span_local_scores
 from fairkv.presses.selection import check_variant_inputs, choose, gather_kept
 from fairkv.prompts import Prompt
 
@@ -108,7 +108,8 @@ def cut(
             return entry[kind]
 
         indices = choose(
-            scores, (batch, heads, n), ratio, variant, lam, spans, prompt.protected, keep_only_whitelist
+            scores, (batch, heads, n), ratio, variant, lam, spans, prompt.protected, keep_only_whitelist,
+            reserved_positions(make_press(policy, ratio), n),
         ).to(keys.device)
         kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
         cache.update(kept_keys, kept_values, layer)

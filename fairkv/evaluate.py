@@ -71,7 +71,7 @@ def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens
         "key": record.key,
         "n_prefix": prompt.n_tokens,
         **metrics.benign_scores(record, benign.text),
-        **metrics.attack_scores(prompt.references, attacked.text),
+        **metrics.attack_scores(prompt.references, attacked.text, prompt.raw_references),
         **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "benign_response": benign.text,
         "attack_response": attacked.text,

@@ -7,9 +7,9 @@ is computed once. Settings are canonical: r = 0 is one cell ("none") shared by e
 lam = 0 is the base selection, and lam only matters for fair variants.
 
 Per prompt and order: one prefill scores every policy (``engine.prefill``); each missing setting is cut from it
-(``engine.cut``). Prompts go in groups that fill a batch; the group's missing (cache, query) pairs decode together
-(``generation.answer_batch``) and its rows are appended together, so a killed run loses at most the group in
-progress and recomputes nothing finished.
+(``engine.cut``). Prompts go in groups that fill a few decode batches; the group's missing (cache, query) pairs decode
+in one running batch (``generation.answer_batch``) and its rows are appended together, so a killed run loses at most
+the group in progress and recomputes nothing finished.
 
 Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
 Qwen2.5-Coder-1.5B on a 2-core CPU, 83 minutes measured), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
@@ -37,6 +37,7 @@ from fairkv.store import ResultsStore, StoreError
 # RaccoonBench attack is a query kind of its own, "attack:<suite>/<category>/<name>" (data.attack_query)
 QUERIES = ("benign", "attack", "keep")
 DTYPES = ("float32", "bfloat16", "float16")  # the model's precision; part of every cell's identity
+TASK_BATCHES = 3  # a task holds about this many decode batches: the batch drains only at a task's end
 
 
 class GridError(ValueError):
@@ -250,11 +251,13 @@ def run(
 
 def _plan(grid: Grid, records, checksum, done: dict, versions: dict, store: ResultsStore) -> tuple[list[list], int]:
     """The tasks that compute what ``done`` lacks, and the grid's row count. A task is a group of (record, order,
-    missing (setting, query) pairs, cell ids): enough prompts to fill a decode batch with their settings; a prompt's
-    settings and queries never straddle two tasks (they share one prefill)."""
+    missing (setting, query) pairs, cell ids): enough prompts for ``TASK_BATCHES`` decode batches of their settings'
+    queries (the running batch stays full until the task's last answers); a prompt's settings and queries never
+    straddle two tasks (they share one prefill)."""
     settings = grid.settings()
     units = [(record, order) for record in records for order in grid.orders]
-    group = max(1, grid.batch_size // len(settings))
+    decoded = max(1, sum(query != "keep" for query in grid.queries))
+    group = max(1, TASK_BATCHES * grid.batch_size // (len(settings) * decoded))
     tasks = []
     for first in range(0, len(units), group):
         task = []
@@ -281,14 +284,15 @@ def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
         )
         raise StoreError(
             f"{store.path} holds cell {row['cell_id']} of this grid computed with {changed}; results of different "
-            "versions are not mixed: use another results folder (FAIRKV_RESULTS_DIR) or move this file away"
+            "versions or code (the fingerprint 'code', fairkv.fingerprint) are not mixed: use another results folder "
+            "(FAIRKV_RESULTS_DIR), or move this file away to recompute its rows with this code"
         )
 
 
 def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions: dict) -> list[dict]:
     """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
-    from it, then the benign queries and the attack queries (all kinds together) decoded in batches across the
-    group."""
+    from it, then every query of the group decoded in one running batch of ``grid.batch_size`` sequences, each with
+    its own token budget."""
     items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
     for number, (record, order, missing, ids) in enumerate(work, start=1):
         progress_note(f"prefilling prompt {number} of {len(work)} in this task")
@@ -299,15 +303,12 @@ def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions:
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
     text = {**attacks, "benign": None}
-    for benign in (True, False):  # benign, then attacks: a batch shares one token budget
-        todo = [item for item in items if item[6] != "keep" and (item[6] == "benign") == benign]
-        n_batches = -(-len(todo) // grid.batch_size)  # as few batches as fit, of even size (no small tail batch)
-        size = -(-len(todo) // n_batches) if todo else 1
-        for chunk in range(0, len(todo), size):
-            batch = todo[chunk : chunk + size]
-            pairs = [(c, p.query_ids(text[q] or r.user)) for r, _, p, _, _, c, q, _ in batch]
-            answers = generation.answer_batch(lm, pairs, grid.tokens_for(batch[0][6]))
-            rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(batch, answers)]
+    todo = [item for item in items if item[6] != "keep"]
+    if todo:
+        pairs = [(c, p.query_ids(text[q] or r.user)) for r, _, p, _, _, c, q, _ in todo]
+        answers = generation.answer_batch(lm, pairs, [grid.tokens_for(item[6]) for item in todo],
+                                          batch_size=grid.batch_size)
+        rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(todo, answers)]
     return rows
 
 
@@ -324,7 +325,7 @@ def _row(grid: Grid, lm, item, versions: dict, reply: generation.Answer | None =
     if reply is not None:
         row.update({"response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds})
         row.update(metrics.benign_scores(record, reply.text) if query == "benign"
-                   else metrics.attack_scores(prompt.references, reply.text))
+                   else metrics.attack_scores(prompt.references, reply.text, prompt.raw_references))
     return row
 
 

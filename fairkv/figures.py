@@ -20,6 +20,18 @@ from fairkv.paths import figures_dir
 from fairkv.presses import get_policy
 
 
+# One colour per policy and one per variant in every figure (colour-blind safe, Okabe-Ito); a figure coloured by
+# variant never uses a policy's meaning of a colour and the reverse.
+POLICY_COLOURS = {"StreamingLLM": "#0072B2", "H2O": "#D55E00", "SnapKV": "#56B4E9", "TOVA": "#CC79A7",
+                  "K-Norm": "#000000"}
+VARIANT_COLOURS = {"base": "#7F7F7F", "whitelist": "#E69F00", "fair": "#009E73", "fair+whitelist": "#F0E442"}
+
+
+def palette(hue: str) -> dict | None:
+    """The fixed colours of ``hue`` ("policy" labels or "variant"), None for any other hue (seaborn's default)."""
+    return {"policy": POLICY_COLOURS, "variant": VARIANT_COLOURS}.get(hue)
+
+
 def save(fig: plt.Figure, name: str, folder: Path | None = None) -> list[Path]:
     """Write ``name``.png and ``name``.pdf under ``folder`` (default: the figures directory); return the paths."""
     folder = Path(folder) if folder is not None else figures_dir()
@@ -36,8 +48,34 @@ def output_dir(profile: str, output: str | Path | None = None) -> Path:
     return Path(output) if output else figures_dir() / profile
 
 
+def plotted(fig: plt.Figure) -> str:
+    """What a figure plots, in one line: its lines, scatter points and image cells, and the mean of their values
+    (y for lines and points). A notebook shows it under the figure's link, so nbval compares every figure's data."""
+    values, counts = [], {"lines": 0, "points": 0, "image cells": 0}
+    for ax in fig.axes:
+        for line in ax.lines:
+            y = np.asarray(line.get_ydata(), dtype=float)
+            if y.size:
+                counts["lines"] += 1
+                values.append(y)
+        for collection in ax.collections:
+            if type(collection).__name__ == "PathCollection":  # scatter points (error bands are polygons)
+                y = np.asarray(collection.get_offsets(), dtype=float).reshape(-1, 2)[:, 1]
+                counts["points"] += y.size
+                values.append(y)
+        for image in ax.images:
+            cells = np.asarray(image.get_array(), dtype=float).ravel()
+            counts["image cells"] += cells.size
+            values.append(cells)
+    flat = np.concatenate(values) if values else np.array([])
+    flat = flat[np.isfinite(flat)]
+    return "plotted: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + (
+        f"; mean value {flat.mean():.4f}" if flat.size else "")
+
+
 def publish(fig: plt.Figure, name: str, folder: Path):
-    """Save the figure (PNG and PDF), close it, and return a Markdown link to the PNG for the notebook to show.
+    """Save the figure (PNG and PDF), close it, and return a Markdown link to the PNG for the notebook to show, with
+    what it plots (``plotted``).
 
     The notebook keeps a link, not the image, so stored outputs stay small and the PNG in ``folder`` is the one
     figure of record. The link is relative to the working directory (notebooks/ and reports/ are siblings).
@@ -45,8 +83,9 @@ def publish(fig: plt.Figure, name: str, folder: Path):
     from IPython.display import Markdown
 
     png = save(fig, name, folder)[0]
+    summary = plotted(fig)
     plt.close(fig)
-    return Markdown(f"![{name}]({os.path.relpath(png)})")
+    return Markdown(f"![{name}]({os.path.relpath(png)})\n\n{summary}")
 
 
 def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digits: int = 4) -> list[Path]:
@@ -101,7 +140,7 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
     for ax, (column, label) in zip(axes, columns.items()):
         sns.lineplot(
             data=rows, x="ratio", y=column, hue=hue, marker="o", ax=ax, errorbar=("ci", 95), n_boot=1000, seed=0,
-            legend=ax is axes[-1],
+            legend=ax is axes[-1], palette=palette(hue),
         )
         ax.set_ylabel(label)
         ax.set_xlabel("compression ratio r")
@@ -152,7 +191,7 @@ def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figu
     """Fig 2b / Fig 3 right: Spearman rho(r) of the instruction-class ranking, one line per ``hue`` value."""
     rhos = _label_policies(rhos) if hue == "policy" else rhos
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
-    sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax)
+    sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax, palette=palette(hue))
     ax.set_xlabel("compression ratio r")
     ax.set_ylabel("Spearman rho vs r = 0")
     ax.set_ylim(-1.05, 1.05)
@@ -188,6 +227,7 @@ def variant_figure(
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
         errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, row_order=list(columns.values()),
+        palette=palette("variant"),
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}: {row_name}", size=8)
@@ -231,6 +271,7 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
         estimator="median", errorbar=("pi", 50), height=2.4, aspect=1.1, row_order=list(RUNTIME_PANELS.values()),
+        palette=palette("variant"),
         facet_kws={"sharey": "row"},
     )
     grid.set_axis_labels("compression ratio r", "")
@@ -246,7 +287,7 @@ def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
                       var_name="metric", value_name="value")
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="variant", col="n_spans", row="metric", kind="line", marker="o",
-        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0,
+        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, palette=palette("variant"),
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name} spans: {row_name}", size=8)

@@ -1,10 +1,11 @@
 """The paper's headline numbers beside ours: one "paper vs us" table per notebook, written by code.
 
-Each function takes our rows (or their analysis) and returns a table with one claim per row: the claim, the paper's
-number (read off its figures, approximate, Llama-3.1-8B unless noted; tables exact; arXiv 2510.00231), ours for the
-same quantity on our model and profile, and whether the qualitative claim holds here. Where the paper quotes a ratio
-our profile lacks, the nearest ratio we ran is used and named. ``verdict`` turns a table into the one sentence each
-notebook ends with.
+Each function takes our rows and returns a table with one claim per row: the claim, the paper's number (read off its
+figures, approximate, Llama-3.1-8B unless noted; tables exact; arXiv 2510.00231), ours for the same quantity on our
+model and profile with its 95% interval, n (prompts, or timed rounds) and the verdict, ``holds`` / ``fails`` /
+``inconclusive`` (``fairkv.verdicts``: differences between settings are paired over prompts). A claim is read at the
+ratio the paper quotes; rows without it are an error (``need_ratios``), never read at the nearest ratio. ``verdict``
+turns a table into the one sentence each notebook ends with.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fairkv import analysis
+from scipy import stats
+
+from fairkv import analysis, verdicts
+from fairkv.fingerprint import code_fingerprint
 from fairkv.presses import get_policy
+from fairkv.runtime import summarise
+from fairkv.studies import TABLE1_RATIOS
 
 
 # Table 1 of the paper (Llama-3.1-8B): composite score, mean and std over r in {0.4, 0.5, 0.6, 0.7}
@@ -41,265 +47,399 @@ def table1_beside(ours: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _claim(claim: str, paper: str, ours: str, holds: bool) -> dict:
-    return {"claim": claim, "paper": paper, "ours": ours, "holds": bool(holds)}
-
-
-def _curve(rows: pd.DataFrame, metric: str, **match) -> pd.Series:
-    """Mean of ``metric`` over prompts per ratio, for the rows matching ``match`` (column=value)."""
-    picked = rows.dropna(subset=[metric])
-    for column, value in match.items():
-        picked = picked[picked[column] == value]
-    if picked.empty:
-        raise analysis.AnalysisError(f"no rows with {metric!r} for {match}")
-    return picked.groupby("ratio")[metric].mean()
-
-
-def _at(curve: pd.Series, ratio: float) -> tuple[float, float]:
-    """(nearest ratio we ran, value there)."""
-    nearest = float(curve.index[np.argmin(np.abs(curve.index.to_numpy() - ratio))])
-    return nearest, float(curve[nearest])
+def _claim(claim: str, paper: str, ours: str, verdict: str, n: int) -> dict:
+    return {"claim": claim, "paper": paper, "ours": ours, "n": int(n), "verdict": verdict}
 
 
 def _label(policy: str) -> str:
     return get_policy(policy).label
 
 
+def _match(rows: pd.DataFrame, metric: str, match: dict) -> pd.DataFrame:
+    picked = rows.dropna(subset=[metric]) if metric in rows else rows.iloc[:0]
+    for column, value in match.items():
+        picked = picked[picked[column] == value]
+    if picked.empty:
+        raise analysis.AnalysisError(f"no rows with {metric!r} for {match}")
+    return picked
+
+
+def need_ratios(rows: pd.DataFrame, ratios) -> None:
+    """A claim is read at the paper's ratios only: a ratio the rows lack is an error, never the nearest one."""
+    ran = sorted({round(float(r), 6) for r in rows["ratio"]})
+    missing = [r for r in ratios if round(float(r), 6) not in ran]
+    if missing:
+        raise analysis.AnalysisError(f"this claim needs r = {', '.join(f'{r:g}' for r in missing)}; the rows hold r in "
+                                     f"{ran}: add it to the grid's ratios (a claim is never read at the nearest ratio)")
+
+
+def _values(rows: pd.DataFrame, metric: str, ratios, average: bool = False, **match) -> pd.Series:
+    """Per prompt, ``metric`` of the rows matching ``match`` at ``ratios`` (a ratio or several: their mean).
+
+    Without ``average`` each prompt must have exactly one row per ratio (the setting named fully); with it the
+    prompt's value is the mean over every matching row (e.g. over policies, or attack categories)."""
+    picked = _match(rows, metric, match)
+    ratios = tuple(ratios) if isinstance(ratios, (tuple, list)) else (ratios,)
+    need_ratios(picked, ratios)
+    picked = picked[picked["ratio"].round(6).isin([round(float(r), 6) for r in ratios])]
+    if not average and (picked.groupby("key").size() != len(ratios)).any():
+        raise analysis.AnalysisError(f"several {metric!r} rows per prompt and ratio for {match}: name the setting fully")
+    return picked.groupby("key")[metric].mean()
+
+
+def _compared(a: pd.Series, b: pd.Series, above: float = 0.0, scale: float = 1.0) -> tuple[verdicts.Estimate, str]:
+    """a - scale * b over the same prompts, and whether it is above ``above``."""
+    estimate = verdicts.difference(a, scale * b)
+    return estimate, verdicts.decide(estimate, above=above)
+
+
+def _positive_ratios(rows: pd.DataFrame) -> tuple[float, ...]:
+    return tuple(sorted(r for r in set(rows["ratio"]) if r > 0))
+
+
+def _refusal_note(rows: pd.DataFrame, ratios, **match) -> str:
+    """Benign queries refused at each ratio, and a warning when they are a quarter or more (accuracy then measures
+    over-refusal as much as directive following)."""
+    if "benign_refused" not in rows:
+        return ""
+    shares = {r: verdicts.rate(_values(rows, "benign_refused", r, **match)) for r in ratios}
+    text = "; benign queries refused " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
+    if max(e.value for e in shares.values()) >= 0.25:
+        text += " (refusals dominate accuracy here)"
+    return text
+
+
 def verdict(table: pd.DataFrame, model: str, profile: str, n: int | str) -> str:
-    """One sentence: how many of the notebook's claims reproduce, and which do not."""
-    failed = table.loc[~table["holds"], "claim"].tolist()
-    held = int(table["holds"].sum())
-    tail = "all hold." if not failed else "not reproduced: " + "; ".join(failed) + "."
-    return f"On {model} ({profile} profile, n = {n} prompts) {held} of {len(table)} claims reproduce; {tail}"
+    """One sentence: how many of the notebook's claims hold, fail and are inconclusive, and which."""
+    counts = table["verdict"].value_counts()
+    parts = [f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS]
+    named = "; ".join(f"{v}: " + "; ".join(table.loc[table["verdict"] == v, "claim"])
+                      for v in (verdicts.FAILS, verdicts.INCONCLUSIVE) if counts.get(v, 0))
+    return (f"On {model} ({profile} profile, n = {n} prompts), of {len(table)} claims {', '.join(parts)}"
+            + (f". {named}." if named else "."))
 
 
-def pitfall1(accuracy: pd.DataFrame, rhos: pd.DataFrame) -> pd.DataFrame:
-    """Fig 2: classes degrade unevenly, more so with several instructions; rho falls sooner for multi."""
-    top = accuracy["ratio"].max()
-    at_top = accuracy[accuracy["ratio"] == top]
-    spread = at_top.groupby("prompts")["normalised"].agg(lambda s: s.max() - s.min())
-    rho = rhos[rhos["ratio"] > 0].groupby("prompts")["rho"].mean()
+def _class_spread(frame: pd.DataFrame, top: float) -> float:
+    """Spread (max - min) of normalised class accuracy at ``top``, multi- minus single-instruction prompts."""
+    accuracy = analysis.class_accuracy(frame)
+    at_top = accuracy[accuracy["ratio"] == top].dropna(subset=["normalised"])
+    spread = at_top.groupby("prompts")["normalised"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+    return spread.get("multi", np.nan) - spread.get("single", np.nan)
+
+
+def _rho_gap(frame: pd.DataFrame) -> float:
+    """Mean rho(r) over r > 0, single- minus multi-instruction prompts."""
+    rho = analysis.spearman(analysis.class_accuracy(frame))
+    rho = rho[rho["ratio"] > 0].groupby("prompts")["rho"].mean()
+    return rho.get("single", np.nan) - rho.get("multi", np.nan)
+
+
+def pitfall1(rows: pd.DataFrame) -> pd.DataFrame:
+    """Fig 2: classes degrade unevenly, more so with several instructions; rho falls sooner for multi. Both are
+    statistics over instruction classes, so their intervals resample prompts (classes with accuracy 0 at r = 0
+    cannot be normalised and are left out of the spread)."""
+    benign = rows[rows["query"] == "benign"]
+    top = float(benign["ratio"].max())
+    spread = verdicts.resampled(benign, lambda f: _class_spread(f, top))
+    rho = verdicts.resampled(benign, _rho_gap)
     return pd.DataFrame([
-        _claim(
-            f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
-            "larger for multi", f"single {spread.get('single', np.nan):.2f}, multi {spread.get('multi', np.nan):.2f}",
-            spread.get("multi", np.nan) > spread.get("single", np.nan),
-        ),
-        _claim(
-            "rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
-            f"single {rho.get('single', np.nan):.2f}, multi {rho.get('multi', np.nan):.2f}",
-            rho.get("multi", np.nan) < rho.get("single", np.nan),
-        ),
+        _claim(f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
+               "larger for multi", f"multi - single {spread.signed()}", verdicts.decide(spread, above=0), spread.n),
+        _claim("rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
+               f"single - multi {rho.signed()}", verdicts.decide(rho, above=0), rho.n),
     ])
 
 
-def pitfall2(rows: pd.DataFrame, rhos: pd.DataFrame) -> pd.DataFrame:
-    """Fig 3: TOVA best and K-Norm worst on accuracy; K-Norm's rho lowest."""
-    benign = rows[(rows["query"] == "benign") & (rows["ratio"] > 0)]
-    accuracy = benign.groupby("policy")[analysis.ACCURACY].mean().sort_values(ascending=False)
-    ranking = ", ".join(f"{_label(p)} {v:.2f}" for p, v in accuracy.items())
-    rho = rhos[rhos["ratio"] > 0].groupby("policy")["rho"].mean().sort_values()
+def _rho_lowest(frame: pd.DataFrame, policy: str) -> float:
+    """How far ``policy``'s mean rho over r > 0 lies below the next lowest policy's (negative: not the lowest)."""
+    rho = analysis.spearman(analysis.class_accuracy(frame, split=False))
+    rho = rho[rho["ratio"] > 0].groupby("policy")["rho"].mean()
+    return float(rho.drop(policy).min() - rho[policy]) if policy in rho and len(rho) > 1 else np.nan
+
+
+def _best(rows: pd.DataFrame, metric: str, policy: str, highest: bool, **match) -> tuple[str, str]:
+    """``policy`` has the highest (lowest) per-prompt mean of ``metric`` over r > 0: paired against every other."""
+    ratios = _positive_ratios(rows)
+    ours = _values(rows, metric, ratios, policy=policy, **match)
+    parts, texts = [], []
+    for other in sorted(set(rows["policy"]) - {policy}):
+        theirs = _values(rows, metric, ratios, policy=other, **match)
+        estimate, verdict_ = _compared(ours, theirs) if highest else _compared(theirs, ours)
+        parts.append(verdict_)
+        texts.append(f"{'minus' if highest else 'below'} {_label(other)} {estimate.signed()}")
+    return verdicts.all_of(parts), f"{_label(policy)} {verdicts.mean(ours)}; " + ", ".join(texts)
+
+
+def pitfall2(rows: pd.DataFrame) -> pd.DataFrame:
+    """Fig 3: TOVA best and K-Norm worst on accuracy (mean over r > 0, paired over prompts); K-Norm's rho lowest."""
+    benign = rows[rows["query"] == "benign"]
+    n = benign["key"].nunique()
+    tova, tova_text = _best(benign, analysis.ACCURACY, "tova", True, variant="base", order="normal")
+    knorm, knorm_text = _best(benign, analysis.ACCURACY, "knorm", False, variant="base", order="normal")
+    rho = verdicts.resampled(benign, lambda f: _rho_lowest(f, "knorm"))
     return pd.DataFrame([
-        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", ranking, accuracy.index[0] == "tova"),
-        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", ranking, accuracy.index[-1] == "knorm"),
-        _claim(
-            "K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
-            ", ".join(f"{_label(p)} {v:.2f}" for p, v in rho.items()), len(rho) > 0 and rho.index[0] == "knorm",
-        ),
+        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text, tova, n),
+        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text, knorm, n),
+        _claim("K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
+               f"next lowest minus K-Norm {rho.signed()}", verdicts.decide(rho, above=0), rho.n),
     ])
+
+
+def _inverted_u(rows: pd.DataFrame, metric: str, peak: float, **match) -> tuple[str, str]:
+    """``metric`` higher at ``peak`` than at r = 0 and at the largest ratio run (paired over prompts)."""
+    top = float(_match(rows, metric, match)["ratio"].max())
+    at = {r: _values(rows, metric, r, **match) for r in (0.0, peak, top)}
+    rise, rise_v = _compared(at[peak], at[0.0])
+    fall, fall_v = _compared(at[peak], at[top])
+    return verdicts.all_of([rise_v, fall_v]), (
+        f"{verdicts.mean(at[0.0])} at r = 0, {verdicts.mean(at[peak])} at r = {peak:g}, {verdicts.mean(at[top])} at "
+        f"r = {top:g}; rise {rise.signed()}, fall {fall.signed()}")
+
+
+PEAK = 0.5  # the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak are read at r = 0.5
 
 
 def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
-    """Figs 4-6: the inverted U of directive leakage, accuracy kept meanwhile, peak order, order effect, defense."""
-    leak = _curve(rows, "leak_directive", policy="streamingllm", order="normal")
-    accuracy = _curve(rows, analysis.ACCURACY, policy="streamingllm", order="normal")
-    peak_r = float(leak.idxmax())
-    interior = leak.index.min() < peak_r < leak.index.max()
-    peaks = {
-        p: _curve(rows, "leak_directive", policy=p, order="normal").max() for p in ("streamingllm", "snapkv", "h2o", "knorm")
-    }
-    order = sorted(peaks, key=peaks.get, reverse=True)
-    normal_r, normal_acc = _at(accuracy, 0.5)
-    _, flipped_acc = _at(_curve(rows, analysis.ACCURACY, policy="streamingllm", order="flipped"), 0.5)
-    defense_peak = _curve(rows, "leak_defense", policy="streamingllm", order="normal").max()
-    refused = _curve(rows, "refused", policy="streamingllm", order="normal")
-    mid_r, refused_mid = _at(refused, 0.5)
+    """Figs 4-6: the refusal lost, the inverted U of directive leakage with accuracy kept meanwhile, the peak order,
+    the order effect, and the defense leakage's shape. Peaks are read at r = 0.5 (``PEAK``), not at the observed
+    maximum (which would pick the noise)."""
+    normal = dict(policy="streamingllm", variant="base", order="normal")
+    n = rows["key"].nunique()
+    refused = {r: _values(rows, "refused", r, **normal) for r in (0.0, PEAK)}
+    drop, drop_v = _compared(refused[0.0], refused[PEAK])
+    u_verdict, u_text = _inverted_u(rows, "leak_directive", PEAK, **normal)
+    accuracy = {r: _values(rows, analysis.ACCURACY, r, **normal) for r in (0.0, PEAK)}
+    kept, kept_v = _compared(accuracy[PEAK], accuracy[0.0], scale=0.75)
+    peaks, order_parts = {}, []
+    for policy in ("streamingllm", "snapkv", "h2o", "knorm"):
+        peaks[policy] = _values(rows, "leak_directive", PEAK, policy=policy, variant="base", order="normal")
+    chain = list(peaks)
+    steps = [_compared(peaks[a], peaks[b]) for a, b in zip(chain, chain[1:])]
+    order_parts = [v for _, v in steps]
+    flipped = _values(rows, analysis.ACCURACY, PEAK, policy="streamingllm", variant="base", order="flipped")
+    faster, faster_v = _compared(accuracy[PEAK], flipped)
+    d_verdict, d_text = _inverted_u(rows, "leak_defense", PEAK, **normal)
+    lower, lower_v = _compared(_values(rows, "leak_directive", PEAK, **normal), _values(rows, "leak_defense", PEAK, **normal))
     return pd.DataFrame([
-        _claim(
-            f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, no longer at r = {mid_r:g}",
-            "defense dropped at r ~0.4-0.6 (leakage up)", f"refusal rate {refused.iloc[0]:.2f} -> {refused_mid:.2f}",
-            refused.iloc[0] - refused_mid >= 0.5,
-        ),
-        _claim(
-            "StreamingLLM directive leakage is an inverted U in r (peak inside the range, above r = 0)",
-            "~0.5-0.55 at r = 0.4-0.6", f"{leak.iloc[0]:.2f} at r = 0, peak {leak.max():.2f} at r = {peak_r:g}, "
-            f"{leak.iloc[-1]:.2f} at r = {leak.index.max():g}", interior and leak.max() > leak.iloc[0] + 0.05,
-        ),
-        _claim(
-            "the directive is still followed at the leakage peak (accuracy >= 75% of its r = 0 value)",
-            "accuracy ~75-80% at the peak", f"{accuracy[peak_r]:.2f} at r = {peak_r:g} vs {accuracy.iloc[0]:.2f} at r = 0",
-            accuracy.iloc[0] > 0 and accuracy[peak_r] >= 0.75 * accuracy.iloc[0],
-        ),
-        _claim(
-            "peak leakage: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
-            ", ".join(f"{_label(p)} {peaks[p]:.2f}" for p in order), order == ["streamingllm", "snapkv", "h2o", "knorm"],
-        ),
-        _claim(
-            f"flipped order: StreamingLLM directive accuracy falls faster (r = {normal_r:g})", "~40-50% flipped at r = 0.5",
-            f"normal {normal_acc:.2f}, flipped {flipped_acc:.2f}", flipped_acc < normal_acc,
-        ),
-        _claim(
-            "defense leakage has the same shape, lower than directive leakage (StreamingLLM peak)", "peaks ~0.25-0.35",
-            f"defense {defense_peak:.2f} vs directive {leak.max():.2f}", defense_peak < leak.max(),
-        ),
+        _claim(f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, less at r = {PEAK:g}",
+               "defense dropped at r ~0.4-0.6 (leakage up)",
+               f"refusal {verdicts.mean(refused[0.0])} -> {verdicts.mean(refused[PEAK])}, drop {drop.signed()}", drop_v, n),
+        _claim(f"StreamingLLM directive leakage is an inverted U in r (higher at r = {PEAK:g} than at r = 0 and at the "
+               "largest ratio)", "~0.5-0.55 at r = 0.4-0.6", u_text, u_verdict, n),
+        _claim(f"the directive is still followed at the leakage peak (accuracy at r = {PEAK:g} >= 75% of r = 0)",
+               "accuracy ~75-80% at the peak",
+               f"{verdicts.mean(accuracy[PEAK])} vs {verdicts.mean(accuracy[0.0])} at r = 0; accuracy - 0.75 x "
+               f"accuracy(0) {kept.signed()}" + _refusal_note(rows, (0.0, PEAK), **normal), kept_v, n),
+        _claim(f"leakage at r = {PEAK:g}: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
+               ", ".join(f"{_label(p)} {verdicts.mean(v)}" for p, v in peaks.items()) + "; steps "
+               + ", ".join(e.signed() for e, _ in steps), verdicts.all_of(order_parts), n),
+        _claim(f"flipped order: StreamingLLM directive accuracy falls faster (r = {PEAK:g})", "~40-50% flipped at r = 0.5",
+               f"normal {verdicts.mean(accuracy[PEAK])}, flipped {verdicts.mean(flipped)}, normal - flipped "
+               f"{faster.signed()}", faster_v, n),
+        _claim("defense leakage has the same inverted-U shape, lower than directive leakage at the peak",
+               "peaks ~0.25-0.35", f"defense: {d_text}; directive - defense at r = {PEAK:g} {lower.signed()}",
+               verdicts.all_of([d_verdict, lower_v]), n),
     ])
 
 
 def pitfall5(rows: pd.DataFrame) -> pd.DataFrame:
-    """Figs 7 and 10: which span each policy keeps at r = 0.5, and the reversal under the flipped order."""
-    def keep(policy, order, span):
-        return _at(_curve(rows, f"keep_{span}", policy=policy, order=order), 0.5)
+    """Figs 7 and 10: which span each policy keeps at r = 0.5, and the reversal under the flipped order (paired
+    differences of per-prompt keep rates)."""
+    n = rows["key"].nunique()
 
-    r, directive = keep("streamingllm", "normal", "directive")
-    _, defense = keep("streamingllm", "normal", "defense")
-    _, flipped_directive = keep("streamingllm", "flipped", "directive")
-    _, flipped_defense = keep("streamingllm", "flipped", "defense")
-    _, knorm_def = keep("knorm", "normal", "defense")
-    _, knorm_dir = keep("knorm", "normal", "directive")
-    _, knorm_def_f = keep("knorm", "flipped", "defense")
-    _, knorm_dir_f = keep("knorm", "flipped", "directive")
-    _, tova_def = keep("tova", "normal", "defense")
-    _, tova_dir = keep("tova", "normal", "directive")
+    def gap(policy, order, first, second, above=0.0):
+        a = _values(rows, f"keep_{first}", PEAK, policy=policy, order=order, variant="base")
+        b = _values(rows, f"keep_{second}", PEAK, policy=policy, order=order, variant="base")
+        estimate, verdict_ = _compared(a, b, above)
+        return verdict_, f"{first} {verdicts.mean(a)}, {second} {verdicts.mean(b)}, difference {estimate.signed()}"
+
+    kept, kept_text = gap("streamingllm", "normal", "directive", "defense")
+    flips, flips_text = gap("streamingllm", "flipped", "defense", "directive")
+    knorm_n, knorm_n_text = gap("knorm", "normal", "defense", "directive")
+    knorm_f, knorm_f_text = gap("knorm", "flipped", "directive", "defense")
+    tova, tova_text = gap("tova", "normal", "defense", "directive", above=-0.02)
     return pd.DataFrame([
-        _claim(
-            f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {r:g}",
-            "directive ~0.90-0.95, defense ~0.40-0.50", f"directive {directive:.2f}, defense {defense:.2f}",
-            directive > defense,
-        ),
-        _claim(
-            "the bias reverses when the order flips (StreamingLLM)", "reverses",
-            f"directive {flipped_directive:.2f}, defense {flipped_defense:.2f}", flipped_defense > flipped_directive,
-        ),
-        _claim(
-            "K-Norm favours the earlier span in both orders", "earlier tokens favoured",
-            f"normal: defense {knorm_def:.2f} / directive {knorm_dir:.2f}; flipped: defense {knorm_def_f:.2f} / "
-            f"directive {knorm_dir_f:.2f}", knorm_def > knorm_dir and knorm_dir_f > knorm_def_f,
-        ),
-        _claim(
-            "TOVA keeps the defense at least as well as the directive though it comes first", "defense kept even when first",
-            f"defense {tova_def:.2f}, directive {tova_dir:.2f}", tova_def >= tova_dir,
-        ),
+        _claim(f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {PEAK:g}",
+               "directive ~0.90-0.95, defense ~0.40-0.50", kept_text, kept, n),
+        _claim("the bias reverses when the order flips (StreamingLLM)", "reverses", flips_text, flips, n),
+        _claim("K-Norm favours the earlier span in both orders", "earlier tokens favoured",
+               f"normal: {knorm_n_text}; flipped: {knorm_f_text}", verdicts.all_of([knorm_n, knorm_f]), n),
+        _claim("TOVA keeps the defense at least as well as the directive though it comes first (within 0.02)",
+               "defense kept even when first", tova_text, tova, n),
     ])
 
 
-def _before_after(rows, variant, policy, ratio, metric="leak_directive"):
-    r, before = _at(_curve(rows, metric, policy=policy, variant="base", order="normal"), ratio)
-    _, after = _at(_curve(rows, metric, policy=policy, variant=variant, order="normal"), ratio)
-    return r, before, after
+def _before_after(rows, variant, policy, ratio, metric="leak_directive", lower=True):
+    """Base vs ``variant`` at ``ratio`` (normal order), paired over prompts: (verdict, text); ``lower``: the claim is
+    that the variant lowers ``metric`` (else that it raises it)."""
+    before = _values(rows, metric, ratio, policy=policy, variant="base", order="normal")
+    after = _values(rows, metric, ratio, policy=policy, variant=variant, order="normal")
+    change = verdicts.difference(after, before)
+    decided = verdicts.decide(change, below=0) if lower else verdicts.decide(change, above=0)
+    return decided, f"{verdicts.mean(before)} -> {verdicts.mean(after)}, change {change.signed()}"
 
 
-def _accuracy_change(rows, variant) -> float:
-    """Mean |accuracy(variant) - accuracy(base)| over policies and ratios r > 0 (normal order)."""
-    table = analysis.setting_means(rows)
-    table = table[(table["order"] == "normal") & (table["ratio"] > 0)]
-    base = table[table["variant"] == "base"].set_index(["policy", "ratio"])["accuracy"]
-    ours = table[table["variant"] == variant].set_index(["policy", "ratio"])["accuracy"]
-    return float((ours - base).abs().mean())
+WHITELIST_RATIO, FAIR_RATIO = 0.6, 0.7  # where the paper quotes Figs 8 and 9
 
 
 def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
     """Fig 8 and Fig 13 left: whitelisting the defense phrase cuts leakage and leaves accuracy about unchanged."""
+    n = rows["key"].nunique()
     out = []
     for policy, paper in (("streamingllm", "0.5 -> 0.10-0.15 at r = 0.6"), ("snapkv", "0.35 -> 0.05 at r = 0.6")):
-        r, before, after = _before_after(rows, "whitelist", policy, 0.6)
-        out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {r:g})", paper,
-                          f"{before:.2f} -> {after:.2f}", after < before))
-    top = rows.loc[rows["variant"] == "whitelist", "ratio"].max()
-    r, before, after = _before_after(rows, "whitelist", "streamingllm", top, metric="refused")
-    out.append(_claim(f"with the whitelist StreamingLLM keeps refusing the attack (r = {r:g})",
-                      "leakage 0.5 -> 0.10-0.15", f"refusal rate {before:.2f} -> {after:.2f}", after > before))
-    change = _accuracy_change(rows, "whitelist")
-    out.append(_claim("directive accuracy about unchanged (mean |change| over policies, r > 0, <= 0.05)",
-                      "about unchanged", f"{change:.3f}", change <= 0.05))
-    defense = _curve(rows[rows["ratio"] < 0.6], "leak_defense", variant="whitelist", order="normal")
-    out.append(_claim("defense leakage with the whitelist stays below 0.05 for r < 0.6 (all policies)",
-                      "< 0.05", f"max {defense.max():.3f}", defense.max() < 0.05))
+        verdict_, text = _before_after(rows, "whitelist", policy, WHITELIST_RATIO)
+        out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {WHITELIST_RATIO:g})", paper, text,
+                          verdict_, n))
+    top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
+    verdict_, text = _before_after(rows, "whitelist", "streamingllm", top, metric="refused", lower=False)
+    out.append(_claim(f"with the whitelist StreamingLLM keeps refusing the attack (r = {top:g})",
+                      "leakage 0.5 -> 0.10-0.15", f"refusal rate {text}", verdict_, n))
+    ratios = _positive_ratios(rows)
+    change = verdicts.difference(
+        _values(rows, analysis.ACCURACY, ratios, average=True, variant="whitelist", order="normal"),
+        _values(rows, analysis.ACCURACY, ratios, average=True, variant="base", order="normal"))
+    out.append(_claim("directive accuracy about unchanged (mean change over policies and r > 0 within +-0.05)",
+                      "about unchanged", f"change {change.signed()}", verdicts.decide(change, above=-0.05, below=0.05),
+                      n))
+    low = [r for r in sorted(set(rows["ratio"])) if r < WHITELIST_RATIO]
+    defense = {(p, r): verdicts.mean(_values(rows, "leak_defense", r, policy=p, variant="whitelist", order="normal"))
+               for p in sorted(set(rows["policy"])) for r in low}
+    worst = max(defense, key=lambda k: defense[k].high)
+    out.append(_claim(f"defense leakage with the whitelist stays below 0.05 for r < {WHITELIST_RATIO:g} (every policy)",
+                      "< 0.05", f"highest upper bound: {_label(worst[0])} at r = {worst[1]:g}, {defense[worst]}",
+                      verdicts.all_of([verdicts.decide(e, below=0.05) for e in defense.values()]), n))
     return pd.DataFrame(out)
 
 
-def fair_eviction(rows: pd.DataFrame, table: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
+def _composite(rows: pd.DataFrame, policy: str, variant: str, ratios) -> pd.Series:
+    """Per prompt, Section 6's composite score of ``variant`` against the base, averaged over ``ratios``:
+    0.5 (a_variant - a_base) + 0.5 (l_base - l_variant) (linear, so its mean over prompts is Table 1's entry)."""
+    def get(metric, name):
+        return _values(rows, metric, ratios, average=True, policy=policy, variant=name, order="normal")
+
+    return (0.5 * (get(analysis.ACCURACY, variant) - get(analysis.ACCURACY, "base"))
+            + 0.5 * (get(analysis.LEAKAGE, "base") - get(analysis.LEAKAGE, variant))).dropna()
+
+
+def _order_gap(frame: pd.DataFrame, ratio: float) -> float:
+    """|normal - flipped| StreamingLLM accuracy at ``ratio``: base minus fair."""
+    picked = frame[(frame["policy"] == "streamingllm") & (frame["ratio"] == ratio) & (frame["query"] == "benign")]
+    means = picked.groupby(["variant", "order"])[analysis.ACCURACY].mean()
+    gap = lambda variant: abs(means.get((variant, "normal"), np.nan) - means.get((variant, "flipped"), np.nan))
+    return gap("base") - gap("fair")
+
+
+def fair_eviction(rows: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
     """Fig 9, Table 1, Fig 14: fair eviction cuts leakage; every composite score positive; order effect smaller."""
+    n = rows["key"].nunique()
     out = []
     for policy, paper in (("streamingllm", "0.55 -> 0.25 at r = 0.7"), ("snapkv", "0.40 -> 0.30 at r = 0.7")):
-        r, before, after = _before_after(rows, "fair", policy, 0.7)
-        out.append(_claim(f"fair eviction lowers {_label(policy)} directive leakage (r = {r:g})", paper,
-                          f"{before:.2f} -> {after:.2f}", after < before))
-    positive = int((table["mean"] > 0).sum())
-    out.append(_claim("Table 1: every composite score is positive", "10 of 10 positive (Llama3)",
-                      f"{positive} of {len(table)} positive", positive == len(table)))
-    both = pd.concat([rows, flipped])
-    gaps = {}
-    for variant in ("base", "fair"):
-        r, normal = _at(_curve(both, analysis.ACCURACY, policy="streamingllm", variant=variant, order="normal"), 0.5)
-        _, flip = _at(_curve(both, analysis.ACCURACY, policy="streamingllm", variant=variant, order="flipped"), 0.5)
-        gaps[variant] = abs(normal - flip)
-    out.append(_claim(f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped|, r = {r:g})",
-                      "order effects largely removed", f"base {gaps['base']:.2f}, fair {gaps['fair']:.2f}",
-                      gaps["fair"] < gaps["base"]))
+        verdict_, text = _before_after(rows, "fair", policy, FAIR_RATIO)
+        out.append(_claim(f"fair eviction lowers {_label(policy)} directive leakage (r = {FAIR_RATIO:g})", paper, text,
+                          verdict_, n))
+    need_ratios(rows, TABLE1_RATIOS)
+    scores = {(p, v): verdicts.mean(_composite(rows, p, v, TABLE1_RATIOS))
+              for p in sorted(set(rows["policy"])) for v in ("whitelist", "fair") if v in set(rows["variant"])}
+    parts = [verdicts.decide(e, above=0) for e in scores.values()]
+    out.append(_claim("Table 1: every composite score is positive (r in 0.4-0.7)", "10 of 10 positive (Llama3)",
+                      f"{sum(v == verdicts.HOLDS for v in parts)} of {len(parts)} above 0 with 95% confidence, "
+                      f"{sum(v == verdicts.FAILS for v in parts)} at or below 0; lowest "
+                      + ", ".join(f"{_label(p)} {v} {e.signed()}" for (p, v), e in
+                                  sorted(scores.items(), key=lambda kv: kv[1].value)[:2]),
+                      verdicts.all_of(parts), n))
+    both = pd.concat([rows, flipped], ignore_index=True)
+    need_ratios(flipped, (PEAK,))
+    gap = verdicts.resampled(both, lambda f: _order_gap(f, PEAK))
+    out.append(_claim(f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped|, r = {PEAK:g})",
+                      "order effects largely removed", f"gap base - gap fair {gap.signed()}",
+                      verdicts.decide(gap, above=0), gap.n))
     return pd.DataFrame(out)
 
 
-def debiasing(frequency: pd.DataFrame) -> pd.DataFrame:
-    """Tables 3-4: lambda = 1 is among the most often Pareto-optimal, and strictly more often than lambda = 0 (the
-    paper: 75% against 45%); when every lambda is optimal at every ratio the sweep separates nothing and the claim
-    does not hold."""
+def _pareto_gap(frame: pd.DataFrame, policy: str, order: str, rule: str) -> float:
+    """Share of ratios where lambda = 1 is Pareto-optimal minus lambda = 0's."""
+    frequency = analysis.pareto_frequency(frame, rule).set_index(["policy", "order", "lam"])["frequency"]
+    return float(frequency.get((policy, order, 1.0), np.nan) - frequency.get((policy, order, 0.0), np.nan))
+
+
+def debiasing(rows: pd.DataFrame) -> pd.DataFrame:
+    """Tables 3-4: lambda = 1 is Pareto-optimal more often than lambda = 0 (the paper: 75% against 45% for
+    StreamingLLM). Under both dominance rules (``analysis.pareto_frequency``): "strict", the paper's words (another
+    lambda has both lower leakage and higher accuracy), where ties make every lambda optimal, and "weak"."""
     out = []
-    for policy, frame in frequency[frequency["order"] == "normal"].groupby("policy"):
-        by_lam = frame.set_index("lam")["frequency"]
-        shown = ", ".join(f"lambda={lam:g}: {v:.0%}" for lam, v in by_lam.items())
-        paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
-        out.append(_claim(f"{_label(policy)}: lambda = 1 among the most often Pareto-optimal, and more often than "
-                          "lambda = 0", paper, shown, by_lam[1.0] == by_lam.max() and by_lam[1.0] > by_lam[0.0]))
+    for rule in analysis.PARETO_RULES:
+        frequency = analysis.pareto_frequency(rows, rule)
+        for (policy, order), frame in frequency.groupby(["policy", "order"]):
+            shown = ", ".join(f"lambda={lam:g}: {v:.0%}" for lam, v in frame.set_index("lam")["frequency"].items())
+            gap = verdicts.resampled(rows, lambda f: _pareto_gap(f, policy, order, rule))
+            paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
+            out.append(_claim(f"{_label(policy)}, {order} order, {rule} dominance: lambda = 1 Pareto-optimal more often "
+                              "than lambda = 0", paper, f"{shown}; lambda 1 - lambda 0 {gap.signed()}",
+                              verdicts.decide(gap, above=0), gap.n))
     return pd.DataFrame(out)
 
 
-def runtime(summary: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
+def _runtime_ratio(timings: pd.DataFrame, policy: str, variant: str, column: str) -> float:
+    table = summarise(timings)
+    return float(table[(table["policy"] == policy) & (table["variant"] == variant)][column].median())
+
+
+def runtime(timings: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
     """Figs 23-24 (one RTX A6000): compression about 0.06 s / 100 tokens for H2O, 0.065 with fair eviction, 0.08 with
     the whitelist; decoding about 0.030 s / 100 tokens for all three, within 7%. Ours as ratios to the base (median
-    over ratios; ``runtime.summarise``), since absolute times are the machine's."""
-    ratios = summary[summary["policy"] == policy].groupby("variant")[
-        ["compress_per_100_vs_base", "decode_per_100_vs_base"]].median()
-    fair, whitelist = ratios.loc["fair"], ratios.loc["whitelist"]
-    drift = (ratios["decode_per_100_vs_base"] - 1).abs().max()
+    over ratios of the median over rounds; ``runtime.summarise``), since absolute times are the machine's; intervals
+    resample the timed rounds."""
+    timed = timings[~timings["warmup"]]
+    fair = verdicts.resampled(timed, lambda t: _runtime_ratio(t, policy, "fair", "compress_per_100_vs_base"), by="round")
+    white = verdicts.resampled(timed, lambda t: _runtime_ratio(t, policy, "whitelist", "compress_per_100_vs_base"),
+                               by="round")
+    drift = verdicts.resampled(timed, lambda t: max(abs(_runtime_ratio(t, policy, v, "decode_per_100_vs_base") - 1)
+                                                    for v in ("whitelist", "fair")), by="round")
     return pd.DataFrame([
-        _claim(f"{_label(policy)} + fair compresses at about the base's cost", "x1.08 (0.065 vs 0.06 s)",
-               f"x{fair['compress_per_100_vs_base']:.3f}", fair["compress_per_100_vs_base"] <= 1.15),
-        _claim(f"{_label(policy)} + whitelist costs at most a third more to compress", "x1.33 (0.08 vs 0.06 s)",
-               f"x{whitelist['compress_per_100_vs_base']:.3f}", whitelist["compress_per_100_vs_base"] <= 1.35),
+        _claim(f"{_label(policy)} + fair compresses at about the base's cost (at most x1.15)", "x1.08 (0.065 vs 0.06 s)",
+               f"x{fair}", verdicts.decide(fair, below=1.15), fair.n),
+        _claim(f"{_label(policy)} + whitelist costs at most a third more to compress (at most x1.35)",
+               "x1.33 (0.08 vs 0.06 s)", f"x{white}", verdicts.decide(white, below=1.35), white.n),
         _claim("decoding costs the same with every variant (within 7%)", "within 7% (about 0.030 s)",
-               f"largest difference {drift:.1%}", drift <= 0.07),
+               f"largest difference {drift}", verdicts.decide(drift, below=0.07), drift.n),
     ])
 
 
-def judge(rows: pd.DataFrame, agreement: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
+def _rank_agreement(frame: pd.DataFrame) -> float:
+    judged = frame.drop_duplicates("cell_id")
+    if judged["judge_expected"].nunique() < 2 or judged[analysis.LEAKAGE].nunique() < 2:
+        return np.nan
+    return float(stats.spearmanr(judged["judge_expected"], judged[analysis.LEAKAGE]).statistic)
+
+
+def judge(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
     """Figs 25-26: the judge's leak rate (score >= 2) shows the same inverted U as ROUGE-L; StreamingLLM's reaches
-    about 0.7-0.8 at r = 0.5-0.6, under 0.2 with the whitelist and 0.4-0.5 with fair eviction. Ours at the ratio
-    nearest 0.5, and the judge's agreement with ROUGE-L (the paper reports none)."""
-    curve = lambda variant: _curve(rows, "judge_leak", variant=variant, policy=policy)
-    r, base = _at(curve("base"), 0.5)
-    _, uncompressed = _at(curve("base"), 0.0)
-    out = [_claim(f"{_label(policy)} leak rate (judge) rises under compression (r = {r:g} vs 0)", "0.7-0.8 at r = 0.5-0.6",
-                  f"{uncompressed:.2f} -> {base:.2f}", base > uncompressed)]
+    about 0.7-0.8 at r = 0.5-0.6, under 0.2 with the whitelist and 0.4-0.5 with fair eviction. Ours at r = 0.5, and
+    the judge's rank agreement with ROUGE-L (the paper reports none)."""
+    judged = rows.assign(judge_leak=rows["judge_leak"].astype(float))
+    n = judged["key"].nunique()
+    base = {r: _values(judged, "judge_leak", r, policy=policy, variant="base") for r in (0.0, PEAK)}
+    rise, rise_v = _compared(base[PEAK], base[0.0])
+    out = [_claim(f"{_label(policy)} leak rate (judge) rises under compression (r = {PEAK:g} vs 0)",
+                  "0.7-0.8 at r = 0.5-0.6", f"{verdicts.mean(base[0.0])} -> {verdicts.mean(base[PEAK])}, rise "
+                  f"{rise.signed()}", rise_v, n)]
     for variant, paper in (("whitelist", "< 0.2"), ("fair", "0.4-0.5")):
-        if variant in set(rows["variant"]):
-            _, after = _at(curve(variant), r)
-            out.append(_claim(f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {r:g})", paper,
-                              f"{base:.2f} -> {after:.2f}", after < base))
-    overall = agreement.iloc[0]
+        if variant in set(judged["variant"]):
+            after = _values(judged, "judge_leak", PEAK, policy=policy, variant=variant)
+            drop, drop_v = _compared(base[PEAK], after)
+            out.append(_claim(f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {PEAK:g})", paper,
+                              f"{verdicts.mean(base[PEAK])} -> {verdicts.mean(after)}, drop {drop.signed()}", drop_v, n))
+    rho = verdicts.resampled(judged.dropna(subset=["judge_expected", analysis.LEAKAGE]), _rank_agreement)
     out.append(_claim("the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", "not reported",
-                      f"rho {overall['rho']:.2f}, labels agree on {overall['label_agreement']:.0%}",
-                      overall["rho"] > 0.5))
+                      f"rho {rho}", verdicts.decide(rho, above=0.5), rho.n))
     return pd.DataFrame(out)
+
+
+def _peak_gap(frame: pd.DataFrame, policy: str) -> float:
+    """Peak over r of mean directive leakage (base): the 1-2k bucket minus the 2-3k bucket."""
+    picked = frame[(frame["policy"] == policy) & (frame["variant"] == "base")].dropna(subset=[analysis.LEAKAGE])
+    peaks = picked.groupby(["bucket", "ratio"])[analysis.LEAKAGE].mean().groupby("bucket").max()
+    return float(peaks.get("1k", np.nan) - peaks.get("2k", np.nan))
 
 
 def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
@@ -307,103 +447,133 @@ def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
     under compression, fair eviction lowers it), leakage is weaker at 2000-3000, and at 3000-4000 the defense is too
     weak to hold even uncompressed. ``rows`` carry a ``bucket`` column (1k, 2k, 3k)."""
     out = []
-    peaks = {}
-    for bucket, frame in rows.groupby("bucket"):
-        base = _curve(frame, "leak_directive", variant="base", policy=policy)
-        peaks[bucket] = base.max()
-        if bucket == "1k":
-            r, compressed = _at(base, 0.5)
-            out.append(_claim(f"1-2k words: {_label(policy)} leakage rises under compression (r = {r:g} vs 0)",
-                              "like IFEval (inverted U)", f"{base.iloc[0]:.2f} -> {compressed:.2f}",
-                              compressed > base.iloc[0]))
-            _, fair = _at(_curve(frame, "leak_directive", variant="fair", policy=policy), r)
-            out.append(_claim(f"1-2k words: fair eviction lowers leakage (r = {r:g})", "lower than base",
-                              f"{compressed:.2f} -> {fair:.2f}", fair < compressed))
-        if bucket == "3k":
-            _, refused = _at(_curve(frame, "refused", variant="base", policy=policy), 0.0)
-            out.append(_claim("3-4k words: the defense is weak even uncompressed (refusal rate at r = 0 < 0.5)",
-                              "defense too weak", f"{refused:.2f}", refused < 0.5))
-    if {"1k", "2k"} <= set(peaks):
-        out.append(_claim("2-3k words: weaker leakage than 1-2k (peak over r)", "weaker",
-                          f"{peaks['1k']:.2f} vs {peaks['2k']:.2f}", peaks["2k"] < peaks["1k"]))
+    buckets = set(rows["bucket"])
+    if "1k" in buckets:
+        frame = rows[rows["bucket"] == "1k"]
+        n = frame["key"].nunique()
+        at = {r: _values(frame, analysis.LEAKAGE, r, policy=policy, variant="base") for r in (0.0, PEAK)}
+        rise, rise_v = _compared(at[PEAK], at[0.0])
+        out.append(_claim(f"1-2k words: {_label(policy)} leakage rises under compression (r = {PEAK:g} vs 0)",
+                          "like IFEval (inverted U)", f"{verdicts.mean(at[0.0])} -> {verdicts.mean(at[PEAK])}, rise "
+                          f"{rise.signed()}", rise_v, n))
+        verdict_, text = _before_after(frame.assign(order="normal"), "fair", policy, PEAK)
+        out.append(_claim(f"1-2k words: fair eviction lowers leakage (r = {PEAK:g})", "lower than base", text, verdict_, n))
+    if "3k" in buckets:
+        frame = rows[rows["bucket"] == "3k"]
+        refused = verdicts.rate(_values(frame, "refused", 0.0, policy=policy, variant="base"))
+        out.append(_claim("3-4k words: the defense is weak even uncompressed (refusal rate at r = 0 < 0.5)",
+                          "defense too weak", f"{refused}", verdicts.decide(refused, below=0.5), refused.n))
+    if {"1k", "2k"} <= buckets:
+        gap = verdicts.resampled(rows[rows["bucket"].isin(["1k", "2k"])], lambda f: _peak_gap(f, policy))
+        out.append(_claim("2-3k words: weaker leakage than 1-2k (peak over r)", "weaker", f"1k - 2k {gap.signed()}",
+                          verdicts.decide(gap, above=0), gap.n))
     return pd.DataFrame(out)
 
 
-def beyond(starved: pd.DataFrame, attacks: pd.DataFrame, critical: pd.DataFrame, ladder: list[str],
+def _rising_categories(frame: pd.DataFrame, top: float) -> float:
+    """Share of attack categories whose mean directive leakage (base) is higher at ``top`` than at r = 0, minus 1/2."""
+    base = frame[frame["variant"] == "base"].groupby(["category", "ratio"])[analysis.LEAKAGE].mean().unstack("ratio")
+    return float((base[top] > base[0.0]).mean() - 0.5) if {0.0, top} <= set(base.columns) else np.nan
+
+
+def _critical_steps(frame: pd.DataFrame, ladder: list[str], never: float) -> float:
+    """Smallest step up the ladder of the critical ratio (refusal halves; ``never`` where it does not halve in the
+    ratios run; NaN where a template never refuses)."""
+    critical = analysis.critical_ratio(frame[frame["variant"] == "base"], ["template"]).set_index("template")
+    values = critical["critical_ratio"].where(critical["refused_at_0"] == 0, critical["critical_ratio"].fillna(never))
+    values = values.reindex(list(ladder))
+    return float(np.diff(values.to_numpy()).min()) if len(values) > 1 else np.nan
+
+
+def beyond(spans: pd.DataFrame, attacks: pd.DataFrame, defenses: pd.DataFrame, ladder: list[str],
            policy: str = "streamingllm") -> pd.DataFrame:
     """Notebook 11 (beyond the paper): the paper's mechanisms checked where it did not look, and its open questions
-    (the end of the paper, arXiv 2510.00231) answered on our rows. ``starved`` is ``analysis.starvation``, ``attacks`` the
-    ``analysis.by_attack`` rows, ``critical`` ``analysis.critical_ratio`` per (template, policy, variant) and
-    ``ladder`` the defense templates from weak to strong. The paper column says what the paper shows for its one
-    setting (two spans, the Plain attack, one defense) or "open" where it asks the question."""
+    (the end of the paper, arXiv 2510.00231) answered on our rows. ``spans`` is ``analysis.per_span``, ``attacks`` the
+    ``analysis.by_attack`` rows, ``defenses`` the defense-template rows (column ``template``) and ``ladder`` the
+    templates from weak to strong. The paper column says what the paper shows for its one setting (two spans, the
+    Plain attack, one defense) or "open" where it asks the question."""
     out = []
-    spans = starved[(starved["policy"] == policy) & (starved["ratio"] > 0)]
-    picked = attacks[attacks["policy"] == policy]
-    if spans.empty or picked.empty:
+    picked = spans[(spans["policy"] == policy)]
+    attacked = attacks[attacks["policy"] == policy]
+    if picked[picked["ratio"] > 0].empty or attacked.empty:
         raise analysis.AnalysisError(f"no compressed {_label(policy)} rows in the spans or the attacks study")
-    top = spans[spans["ratio"] == spans["ratio"].max()].set_index("n_spans")
-    r = float(spans["ratio"].max())
+    per_prompt = picked.groupby(["n_spans", "variant", "ratio", "key"]).agg(
+        compliance=("compliance", "mean"), min_keep=("keep_rate", "min")).reset_index()
+    top = float(per_prompt["ratio"].max())
+    n = per_prompt["key"].nunique()
+    keeps, gains = {}, {}
+    for count, frame in per_prompt.groupby("n_spans"):
+        def get(metric, variant, ratios, frame=frame):
+            return _values(frame, metric, ratios, average=True, variant=variant)
+        keeps[count] = _compared(get("min_keep", "fair", top), get("min_keep", "base", top), above=-0.005)
+        ratios = _positive_ratios(frame)
+        gains[count] = _compared(get("compliance", "fair", ratios), get("compliance", "base", ratios))
     out.append(_claim(f"N spans: fair eviction keeps the smallest span at least as well as {_label(policy)} at every N "
-                      f"(r = {r:g})", "equal keep rate per span (Sec 5.2, two spans)",
-                      ", ".join(f"N={n}: {row.min_keep_base:.2f} -> {row.min_keep_fair:.2f}" for n, row in top.iterrows()),
-                      (top["min_keep_fair"] >= top["min_keep_base"] - 1e-6).all()))
-    gain = spans.groupby("n_spans")["fair_gain"].mean()
+                      f"(r = {top:g}, within 0.005)", "equal keep rate per span (Sec 5.2, two spans)",
+                      ", ".join(f"N={k}: {e.signed()}" for k, (e, _) in keeps.items()),
+                      verdicts.all_of([v for _, v in keeps.values()]), n))
     out.append(_claim(f"N spans: fair eviction raises per-span compliance at every N (mean over r > 0, {_label(policy)})",
                       "open: does it stop helping once every span starves?",
-                      ", ".join(f"N={n}: {g:+.2f}" for n, g in gain.items()), (gain > 0).all()))
+                      ", ".join(f"N={k}: {e.signed()}" for k, (e, _) in gains.items()),
+                      verdicts.all_of([v for _, v in gains.values()]), n))
 
-    r = float(picked["ratio"].max())
-    means = picked.groupby(["category", "variant", "ratio"])[["leak_directive", "refused"]].mean()
-    leak = means["leak_directive"].unstack("ratio")
-    refused = means["refused"].unstack("ratio")
-    base = leak.xs("base", level="variant")
-    rises = int((base[r] > base[0.0]).sum())
+    r = float(attacked["ratio"].max())
+    n = attacked["key"].nunique()
+    rising = verdicts.resampled(attacked, lambda f: _rising_categories(f, r))
     out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} raises leakage in most attack categories",
-                      "leakage rises with r (Pitfall 3, Plain attack only)", f"{rises} of {len(base)} categories",
-                      rises > len(base) / 2))
-    dropped = refused.xs("base", level="variant")
-    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} drops the refusal (mean over categories)",
-                      "the defense is dropped first (Pitfall 4, Plain attack only)",
-                      f"{dropped[0.0].mean():.2f} -> {dropped[r].mean():.2f}", dropped[r].mean() < dropped[0.0].mean()))
+                      "leakage rises with r (Pitfall 3, Plain attack only)",
+                      f"share of categories rising - 1/2 {rising.signed()}", verdicts.decide(rising, above=0), rising.n))
+
+    def over(metric, variant, ratio):
+        return _values(attacked, metric, ratio, average=True, variant=variant)
+
+    drop = _compared(over("refused", "base", 0.0), over("refused", "base", r))
+    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} drops the refusal (mean over attacks)",
+                      "the defense is dropped first (Pitfall 4, Plain attack only)", f"drop {drop[0].signed()}",
+                      drop[1], n))
     for variant, paper in (("whitelist", "lower than base (Fig 8, Plain attack)"),
                            ("fair", "lower than base (Fig 9, Plain attack)")):
-        if variant in set(picked["variant"]):
-            after = leak.xs(variant, level="variant")[r]
-            lower = int((after < base[r]).sum())
-            out.append(_claim(f"many attacks: {variant} lowers mean leakage over categories (r = {r:g})", paper,
-                              f"{base[r].mean():.2f} -> {after.mean():.2f} ({lower} of {len(base)} categories lower)",
-                              after.mean() < base[r].mean()))
-    if "whitelist" in set(picked["variant"]):
-        kept = refused.xs("whitelist", level="variant")[r]
-        out.append(_claim(f"many attacks: the whitelist keeps the refusal (mean over categories, r = {r:g})",
-                          "restored (Fig 8, Plain attack)", f"{dropped[r].mean():.2f} -> {kept.mean():.2f}",
-                          kept.mean() > dropped[r].mean()))
+        if variant in set(attacked["variant"]):
+            lower = _compared(over(analysis.LEAKAGE, "base", r), over(analysis.LEAKAGE, variant, r))
+            out.append(_claim(f"many attacks: {variant} lowers mean leakage over attacks (r = {r:g})", paper,
+                              f"base - {variant} {lower[0].signed()}", lower[1], n))
+    if "whitelist" in set(attacked["variant"]):
+        kept = _compared(over("refused", "whitelist", r), over("refused", "base", r))
+        out.append(_claim(f"many attacks: the whitelist keeps the refusal (mean over attacks, r = {r:g})",
+                          "restored (Fig 8, Plain attack)", f"whitelist - base {kept[0].signed()}", kept[1], n))
 
-    ladder_rows = critical[critical["variant"] == "base"].set_index("template").loc[list(ladder)]
-    refusal = ladder_rows["refused_at_0"]
-    out.append(_claim("defense strength: a stronger template refuses at least as often uncompressed (weak to strong)",
-                      "one template only", ", ".join(f"{t}: {v:.2f}" for t, v in refusal.items()),
-                      refusal.is_monotonic_increasing))
-    # a template whose refusal never halves in the ratios run holds beyond them (inf); one that never refuses has no
-    # critical ratio at all (NaN), so the claim cannot hold for it
-    moved = ladder_rows["critical_ratio"].where(refusal == 0, ladder_rows["critical_ratio"].fillna(np.inf))
+    n = defenses["key"].nunique()
+    base = defenses[(defenses["variant"] == "base") & (defenses["policy"] == policy)]
+    refusal = {t: _values(base, "refused", 0.0, template=t) for t in ladder}
+    steps = [_compared(refusal[b], refusal[a]) for a, b in zip(ladder, ladder[1:])]
+    out.append(_claim("defense strength: each stronger template refuses more often uncompressed (weak to strong)",
+                      "one template only", ", ".join(f"{t}: {verdicts.mean(v)}" for t, v in refusal.items())
+                      + "; steps " + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n))
+    never = float(base["ratio"].max()) + 0.1
+    moved = verdicts.resampled(base, lambda f: _critical_steps(f, ladder, never))
     out.append(_claim("defense strength: a stronger template moves the critical ratio (refusal halves) up",
-                      "open", ", ".join(f"{t}: {'never' if np.isinf(c) else 'no refusal' if np.isnan(c) else f'{c:g}'}"
-                                        for t, c in moved.items()),
-                      moved.notna().all() and moved.is_monotonic_increasing))
+                      "open", f"smallest step up the ladder {moved.signed()} (never halving counts as r = {never:g})",
+                      verdicts.decide(moved, above=0), moved.n))
     return pd.DataFrame(out)
 
 
 def write_summary(folder: Path, title: str) -> Path:
-    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md."""
+    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md, with the
+    count of claims that hold, fail and are inconclusive, per notebook and in all."""
     folder = Path(folder)
     tables = sorted((folder / "tables").glob("*_paper_vs_us.md"))
     if not tables:
         raise FileNotFoundError(f"no *_paper_vs_us.md table under {folder / 'tables'}: run the notebooks first")
-    parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables.\n"]
+    counted = lambda claims: ", ".join(f"{int((claims['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
+    every = pd.concat([pd.read_csv(table.with_suffix(".csv")) for table in tables])
+    parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: our "
+             "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the paper "
+             "says), fails (it lies outside) or is inconclusive (it straddles).\n",
+             f"In all, {len(every)} claims: {counted(every)}. Rows computed by fairkv's result code "
+             f"{code_fingerprint()} (``fairkv.fingerprint``).\n"]
     for table in tables:
         claims = pd.read_csv(table.with_suffix(".csv"))
-        parts.append(f"## Notebook {table.name[:2]}: {int(claims['holds'].sum())} of {len(claims)} claims hold\n")
+        parts.append(f"## Notebook {table.name[:2]}: {counted(claims)} (of {len(claims)})\n")
         parts.append(table.read_text())
     summary = folder / "SUMMARY.md"
     summary.write_text("\n".join(parts))

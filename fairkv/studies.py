@@ -61,12 +61,17 @@ STUDIES: dict[str, Study] = {
 # GptInfinite template's "ACCESS DENIED") counts as "other", so read its leakage beside its refusal rate
 DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
 
-CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the cpu profile's ratios up to where the whitelist still fits
+# the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.paper: Figs 8 at 0.6,
+# 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
+CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
+CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 
 # How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
 # small profiles afford many prompts and all ten ratios there.
 SCALE: dict[str, dict[str, dict]] = {
     "ci": {
+        "whitelist": dict(ratios=CI_MITIGATION_RATIOS),
+        "fair": dict(ratios=CI_MITIGATION_RATIOS),
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
         "spans": dict(n_prompts=3, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5, 0.7), benign_tokens=96),
         "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),

@@ -2,11 +2,10 @@
 
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv import analysis, experiment, paper, studies
+from fairkv import analysis, experiment, studies, verdicts
 
 
 def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
@@ -30,26 +29,34 @@ def test_composite_and_table1_by_hand():
     rows = pd.DataFrame(rows)
     scores = analysis.composite(rows, "whitelist").set_index("ratio")["score"]
     assert scores[0.4] == pytest.approx(0.2) and scores[0.5] == pytest.approx(0.25)
-    table = analysis.table1(rows, (0.4, 0.5, 0.6, 0.7), variants=("whitelist",))
+    table = analysis.table1(rows, (0.4, 0.5), variants=("whitelist",))
     assert table["mean"].item() == pytest.approx(0.225) and table["std"].item() == pytest.approx(0.025)
     assert table["ratios"].item() == 2
+    with pytest.raises(analysis.AnalysisError, match=r"Table 1 needs r = \[0.6, 0.7\]"):
+        analysis.table1(rows, (0.4, 0.5, 0.6, 0.7), variants=("whitelist",))
     with pytest.raises(analysis.AnalysisError, match="variant 'fair'"):
         analysis.composite(rows, "fair")
 
 
 def test_pareto_frequency_by_hand():
-    """Three lambdas at two ratios. r = 0: all equal, all optimal. r = 0.5: lambda 0 (acc 0.5, leak 0.5) is dominated
-    by lambda 1 (acc 0.6, leak 0.2); lambda 0.5 (acc 0.7, leak 0.4) is not. Frequencies: 0 -> 0.5, 0.5 -> 1, 1 -> 1."""
+    """Three lambdas at two ratios. r = 0: all equal, all optimal under both rules. r = 0.5: lambda 0 (acc 0.5,
+    leak 0.5) is dominated by lambda 1 (acc 0.6, leak 0.2); lambda 0.5 (acc 0.7, leak 0.4) is not. r = 0.7: a tie
+    on accuracy (0.6) where lambda 1 leaks less (0.1 vs 0.3) and lambda 0.5 is worse on both: "strict" (another
+    lambda better on both axes) leaves lambda 0 optimal, "weak" (no worse on both, better on one) does not.
+    strict: 0 -> 2/3, 0.5 -> 2/3, 1 -> 1; weak: 0 -> 1/3, 0.5 -> 2/3, 1 -> 1."""
     points = {(0.0, 0.0): (0.5, 0.1), (0.5, 0.0): (0.5, 0.1), (1.0, 0.0): (0.5, 0.1),
-              (0.0, 0.5): (0.5, 0.5), (0.5, 0.5): (0.7, 0.4), (1.0, 0.5): (0.6, 0.2)}
+              (0.0, 0.5): (0.5, 0.5), (0.5, 0.5): (0.7, 0.4), (1.0, 0.5): (0.6, 0.2),
+              (0.0, 0.7): (0.6, 0.3), (0.5, 0.7): (0.5, 0.4), (1.0, 0.7): (0.6, 0.1)}
     rows = []
     for (lam, ratio), (acc, leak) in points.items():
         rows.append(_row(variant="fair", lam=lam, ratio=ratio, prompt_strict=acc))
         rows.append(_row(variant="fair", lam=lam, ratio=ratio, query="attack", leak_directive=leak))
-    frequency = analysis.pareto_frequency(pd.DataFrame(rows)).set_index("lam")["frequency"]
-    assert frequency.to_dict() == {0.0: 0.5, 0.5: 1.0, 1.0: 1.0}
-    claims = paper.debiasing(analysis.pareto_frequency(pd.DataFrame(rows)))
-    assert claims["holds"].tolist() == [True]
+    frequency = {rule: analysis.pareto_frequency(pd.DataFrame(rows), rule).set_index("lam")["frequency"].to_dict()
+                 for rule in analysis.PARETO_RULES}
+    assert frequency["strict"] == pytest.approx({0.0: 2 / 3, 0.5: 2 / 3, 1.0: 1.0})
+    assert frequency["weak"] == pytest.approx({0.0: 1 / 3, 0.5: 2 / 3, 1.0: 1.0})
+    with pytest.raises(analysis.AnalysisError, match="unknown dominance rule"):
+        analysis.pareto_frequency(pd.DataFrame(rows), "pareto")
 
 
 def test_class_accuracy_normalised_and_spearman():
@@ -79,8 +86,8 @@ def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
     # seeded percentile bootstrap (1000 resamples, seed 0) of 0.0, 0.1, ..., 0.9: pinned, so a change of seed, resample
     # count or interval method shows; a constant sample has a zero-width interval
     assert (leak["mean"], leak["low"], leak["high"]) == pytest.approx((0.45, 0.27, 0.64))
-    assert analysis.bootstrap_ci(rows["leak_directive"], seed=1) != (leak["low"], leak["high"])
-    assert analysis.bootstrap_ci(pd.Series([0.3] * 5)) == pytest.approx((0.3, 0.3))
+    assert verdicts.bootstrap_ci(rows["leak_directive"], seed=1) != (leak["low"], leak["high"])
+    assert verdicts.bootstrap_ci(pd.Series([0.3] * 5)) == pytest.approx((0.3, 0.3))
     with pytest.raises(analysis.AnalysisError, match="'prompt_strict'"):
         analysis.means(rows, "prompt_strict")
 
@@ -105,10 +112,10 @@ GRIDS = {
         variants=('base',), lams=(1.0,), ratios=TEN,
         queries=('keep',), tokens=(32, None)),
     ("whitelist", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(32, None)),
     ("fair", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(32, None)),
     ("fair_flipped", "ci"): dict(dataset='sys_ifeval_shuffled', n=4, orders=('flipped',), policies=ALL5,
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
@@ -142,19 +149,19 @@ GRIDS = {
         variants=('base',), lams=(1.0,), ratios=TEN,
         queries=('keep',), tokens=(96, 64)),
     ("whitelist", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("fair", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("fair_flipped", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('flipped',), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("debias", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('fair',), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('fair',), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("trec", "cpu"): dict(dataset='trec_1k', n=10, orders=('normal',), policies=('streamingllm', 'snapkv'),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("spans", "cpu"): dict(dataset='spans_2', n=10, orders=('normal',), policies=('streamingllm',),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
@@ -163,7 +170,7 @@ GRIDS = {
         variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
         queries=('benign', 'attack'), tokens=(96, 64)),
     ("defenses", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
         queries=('attack',), tokens=(96, 64)),
     # paper
     ("degradation", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal', 'flipped'), policies=('streamingllm',),
@@ -231,13 +238,6 @@ def test_study_overrides_and_errors():
         studies.grid("leakage", "laptop")
 
 
-def test_verdict_names_what_fails():
-    table = pd.DataFrame([paper._claim("a", "x", "y", True), paper._claim("b", "x", "y", False)])
-    sentence = paper.verdict(table, "m", "cpu", 8)
-    assert "1 of 2 claims reproduce" in sentence and "not reproduced: b." in sentence
-    assert np.all(table.columns == ["claim", "paper", "ours", "holds"])
-
-
 def test_benign_refusals_mark_only_benign_refusals():
     rows = pd.DataFrame([
         _row(query="benign", response="I can't assist with that request."),
@@ -246,3 +246,21 @@ def test_benign_refusals_mark_only_benign_refusals():
     ])
     marked = analysis.with_benign_refusals(rows)["benign_refused"].tolist()
     assert marked[:2] == [1.0, 0.0] and math.isnan(marked[2])
+
+
+def test_figures_say_what_they_plot(tmp_path):
+    """A published figure carries a line saying what it plots, which nbval compares: a change in the data is a
+    change in the notebook's output, not only in a PNG nobody diffs. Two policies at two ratios, accuracy 0.2/0.4 and
+    0.6/0.8 on one prompt: 2 lines, mean 0.5."""
+    from fairkv import figures
+
+    rows = pd.DataFrame([_row(policy=p, ratio=r, prompt_strict=v)
+                         for p, values in (("streamingllm", (0.2, 0.4)), ("knorm", (0.6, 0.8)))
+                         for r, v in zip((0.0, 0.5), values)])
+    fig = figures.policy_curves(rows, {"prompt_strict": "accuracy"}, "t")
+    assert figures.plotted(fig) == "plotted: 2 lines, 0 points, 0 image cells; mean value 0.5000"
+    shown = figures.publish(fig, "curves", tmp_path).data
+    assert shown.endswith("plotted: 2 lines, 0 points, 0 image cells; mean value 0.5000")
+    assert (tmp_path / "curves.png").is_file()
+    moved = rows.assign(prompt_strict=rows["prompt_strict"] + 0.1)
+    assert "mean value 0.6000" in figures.plotted(figures.policy_curves(moved, {"prompt_strict": "accuracy"}, "t"))

@@ -9,6 +9,7 @@ import pytest
 
 from fairkv import analysis, data, experiment, metrics, multispan, paper, prompts
 from fairkv.experiment import GridError
+from fairkv.verdicts import FAILS, HOLDS, INCONCLUSIVE
 
 
 
@@ -102,36 +103,45 @@ def test_critical_ratio_hand_worked():
 
 
 def test_beyond_claims_hand_worked():
-    starved = pd.DataFrame({
-        "n_spans": [2, 2, 8, 8], "policy": "streamingllm", "ratio": [0.0, 0.5] * 2,
-        "min_keep_base": [1.0, 0.2, 1.0, 0.0], "min_keep_fair": [1.0, 0.5, 1.0, 0.5], "fair_gain": [0.0, 0.3, 0.0, -0.1],
-    })
+    """Ten prompts alike (so every interval is as narrow as the values allow); each verdict worked out by hand."""
+    keys = range(10)
+    spans = pd.DataFrame([  # one span per (prompt, N): it is the smallest span
+        {"key": k, "n_spans": n, "span": "span0", "policy": "streamingllm", "variant": v, "ratio": r,
+         "keep_rate": keep, "compliance": comply}
+        for k in keys for n, values in {
+            2: {("base", 0.0): (1.0, 0.5), ("fair", 0.0): (1.0, 0.5), ("base", 0.5): (0.2, 0.2), ("fair", 0.5): (0.5, 0.5)},
+            8: {("base", 0.0): (1.0, 0.5), ("fair", 0.0): (1.0, 0.5), ("base", 0.5): (0.0, 0.6), ("fair", 0.5): (0.5, 0.5)},
+        }.items() for (v, r), (keep, comply) in values.items()])
     leak = {("A", "base"): (0.1, 0.6), ("A", "whitelist"): (0.1, 0.2), ("A", "fair"): (0.1, 0.7),
             ("B", "base"): (0.2, 0.1), ("B", "whitelist"): (0.2, 0.1), ("B", "fair"): (0.2, 0.3)}
-    attacks = pd.DataFrame([{"category": c, "variant": v, "policy": "streamingllm", "ratio": r, "leak_directive": x,
-                             "refused": 1.0 if r == 0 or v == "whitelist" else 0.0}
-                            for (c, v), values in leak.items() for r, x in zip((0.0, 0.5), values)])
-    critical = pd.DataFrame({"template": ["weak", "strong", "silent"], "variant": "base",
-                             "refused_at_0": [0.5, 0.9, 0.0], "critical_ratio": [0.3, np.nan, np.nan]})
-    claims = paper.beyond(starved, attacks, critical, ["weak", "strong"]).set_index("claim")["holds"]
-    # each claim's truth value worked out by hand from the tables above (claim text begins with the key)
+    attacks = pd.DataFrame([{"key": k, "category": c, "variant": v, "policy": "streamingllm", "ratio": r,
+                             "leak_directive": x, "refused": 1.0 if r == 0 or v == "whitelist" else 0.0}
+                            for k in keys for (c, v), values in leak.items() for r, x in zip((0.0, 0.5), values)])
+    refusals = {"weak": {0.0: [1] * 5 + [0] * 5, 0.3: [0] * 10, 0.5: [0] * 10},  # 5 of 10, gone at r = 0.3
+                "strong": {r: [1] * 9 + [0] for r in (0.0, 0.3, 0.5)},  # 9 of 10 (the 5 weak ones among them)
+                "silent": {r: [0] * 10 for r in (0.0, 0.3, 0.5)}}
+    defenses = pd.DataFrame([{"key": k, "template": t, "variant": "base", "policy": "streamingllm", "ratio": r,
+                              "refused": float(v[k])} for t, curve in refusals.items() for r, v in curve.items()
+                             for k in keys])
+    claims = paper.beyond(spans, attacks, defenses, ["weak", "strong"]).set_index("claim")["verdict"]
     expected = {
-        "N spans: fair eviction keeps the smallest span": (True, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
-        "N spans: fair eviction raises per-span compliance": (False, "gain +0.3 at N=2 but -0.1 at N=8"),
-        "many attacks: StreamingLLM at r = 0.5 raises leakage": (False, "A rises 0.1 -> 0.6, B falls: 1 of 2"),
-        "many attacks: StreamingLLM at r = 0.5 drops the refusal": (True, "refusal 1 -> 0 in both categories"),
-        "many attacks: whitelist lowers mean leakage": (True, "mean 0.35 -> 0.15"),
-        "many attacks: fair lowers mean leakage": (False, "mean 0.35 -> 0.50"),
-        "many attacks: the whitelist keeps the refusal": (True, "whitelist refusal 1 at r = 0.5, base 0"),
-        "defense strength: a stronger template refuses": (True, "refusal at r = 0: weak 0.5 <= strong 0.9"),
-        "defense strength: a stronger template moves the critical ratio": (True, "weak 0.3, strong never halves"),
+        "N spans: fair eviction keeps the smallest span": (HOLDS, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
+        "N spans: fair eviction raises per-span compliance": (FAILS, "+0.3 at N=2, -0.1 at N=8"),
+        "many attacks: StreamingLLM at r = 0.5 raises leakage": (FAILS, "A rises, B falls: 1 of 2 is not most"),
+        "many attacks: StreamingLLM at r = 0.5 drops the refusal": (HOLDS, "refusal 1 -> 0 on every prompt"),
+        "many attacks: whitelist lowers mean leakage": (HOLDS, "mean 0.35 -> 0.15 on every prompt"),
+        "many attacks: fair lowers mean leakage": (FAILS, "mean 0.35 -> 0.50 on every prompt"),
+        "many attacks: the whitelist keeps the refusal": (HOLDS, "whitelist refusal 1 at r = 0.5, base 0"),
+        "defense strength: each stronger template refuses": (HOLDS, "5 -> 9 of 10 paired: Newcombe [+0.07, ...]"),
+        "defense strength: a stronger template moves the critical ratio": (HOLDS, "weak halves at 0.3, strong never"),
     }
     assert len(claims) == len(expected)
-    got = {key: next(bool(v) for c, v in claims.items() if c.startswith(key)) for key in expected}
+    got = {key: next(v for c, v in claims.items() if c.startswith(key)) for key in expected}
     changed = {key: f"expected {want} ({why}), got {got[key]}" for key, (want, why) in expected.items() if got[key] != want}
     assert not changed, changed
-    reversed_ = paper.beyond(starved, attacks, critical, ["strong", "weak"])
-    assert not reversed_["holds"].iloc[-1] and "strong: never, weak: 0.3" in reversed_["ours"].iloc[-1]
-    assert not paper.beyond(starved, attacks, critical, ["weak", "silent"])["holds"].iloc[-1]  # nothing to move
+    reversed_ = paper.beyond(spans, attacks, defenses, ["strong", "weak"])
+    assert reversed_["verdict"].iloc[-2:].tolist() == [FAILS, FAILS]
+    silent = paper.beyond(spans, attacks, defenses, ["weak", "silent"])  # no critical ratio without a refusal
+    assert silent["verdict"].iloc[-1] == INCONCLUSIVE
     with pytest.raises(analysis.AnalysisError, match="no compressed H2O rows"):
-        paper.beyond(starved, attacks, critical, ["weak"], policy="h2o")
+        paper.beyond(spans, attacks, defenses, ["weak"], policy="h2o")

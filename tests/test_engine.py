@@ -55,3 +55,8 @@ def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, pref
         [(b.text, s.text) for b, s in zip(batched, single) if b.token_ids != s.token_ids]
     # the compressed caches are untouched by decoding: decoding again gives the same answers
     assert [a.token_ids for a in generation.answer_batch(smollm, items, 24)] == [b.token_ids for b in batched]
+    # a running batch of 4 that waiting items join as others finish, each with its own budget: the same answers,
+    # cut at each budget
+    budgets = [24, 5, 17, 24, 9, 24, 1, 12, 24, 3]
+    joined = generation.answer_batch(smollm, items, budgets, batch_size=4)
+    assert [a.token_ids for a in joined] == [s.token_ids[:k] for s, k in zip(single, budgets)]

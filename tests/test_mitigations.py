@@ -10,11 +10,11 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv import engine, generation, metrics, prompts
+from fairkv import engine, generation, prompts
 from fairkv.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
 from fairkv.presses.budget import BudgetError, apportion, fair_budgets, window_split
-from fairkv.presses.scoring import ranking_scores, span_local_scores
-from fairkv.presses.selection import check_spans
+from fairkv.presses.scoring import ranking_scores, reserved_positions, span_local_scores
+from fairkv.presses.selection import check_spans, choose
 
 RATIOS = [0.2, 0.5, 0.7]
 VARIANTS = [("whitelist", 1.0), ("fair", 0.0), ("fair", 0.5), ("fair", 1.0), ("fair+whitelist", 1.0)]
@@ -24,6 +24,13 @@ def kept_sets(lm, prompt, policy, ratio, variant="base", lam=1.0):
     return generation.compress(lm, prompt, policy, ratio, variant, lam).kept
 
 
+def fair_target(span, n: int, n_kept: int, reserved) -> float:
+    """Tokens fair eviction gives ``span``: its share of the budget, equal keep rates; StreamingLLM's sinks kept on
+    top of the split of the rest (Appendix F.3)."""
+    sinks = len(set(reserved) & set(range(span.start, span.end)))
+    return sinks + (n_kept - len(reserved)) * (len(span) - sinks) / (n - len(reserved))
+
+
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_variant_matrix(smollm, normal_prompt, policy, ratio):
@@ -31,6 +38,7 @@ def test_variant_matrix(smollm, normal_prompt, policy, ratio):
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, ratio)
     base = kept_sets(smollm, prompt, policy, ratio)
     protected = torch.tensor(prompt.protected)
+    reserved = reserved_positions(make_press(policy, ratio), n)
     for variant, lam in VARIANTS:
         kept = kept_sets(smollm, prompt, policy, ratio, variant, lam)
         for layer, indices in kept.items():
@@ -44,7 +52,8 @@ def test_variant_matrix(smollm, normal_prompt, policy, ratio):
                 if variant.startswith("fair") and lam == 1.0:
                     for span in prompt.spans:
                         count = int(((head >= span.start) & (head < span.end)).sum())
-                        assert abs(count - n_kept * len(span) / n) < 1.0, (variant, span.name, count)
+                        target = fair_target(span, n, n_kept, reserved)
+                        assert abs(count - target) < 1.0, (variant, span.name, count, target)
 
 
 @pytest.mark.parametrize("n_spans", [3, 5])
@@ -57,11 +66,12 @@ def test_fair_many_spans(smollm, policy, n_spans):
     prompt = prompts.build_prompt(smollm.tokenizer, segments)
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, 0.5)
     kept = kept_sets(smollm, prompt, policy, 0.5, "fair")
+    reserved = reserved_positions(make_press(policy, 0.5), n)
     for indices in kept.values():
         for head in indices[0]:
             counts = [int(((head >= s.start) & (head < s.end)).sum()) for s in prompt.spans]
             assert sum(counts) == n_kept
-            assert all(abs(c - n_kept * len(s) / n) < 1.0 for c, s in zip(counts, prompt.spans))
+            assert all(abs(c - fair_target(s, n, n_kept, reserved)) < 1.0 for c, s in zip(counts, prompt.spans))
 
 
 @dataclass
@@ -123,12 +133,43 @@ def test_variant_caches_answer_as_the_engine_cuts(smollm, normal_prompt, attack,
 
 
 def test_fair_streamingllm_equalises_keep_rates(smollm, records, templates, order):
-    """Fig 7 with fair eviction on: defense and directive keep rates at r = 0.5 equal within one token."""
+    """Fig 7 with fair eviction on, Appendix F.3: the 4 sinks are kept, and the defense and directive keep rates
+    without them are equal within one token at r = 0.5."""
     for record in records[:5]:
         prompt = prompts.paper_prompt(smollm.tokenizer, record, templates, order=order)
-        rates = metrics.keep_rates(kept_sets(smollm, prompt, "streamingllm", 0.5, "fair"), prompt.spans, prompt.n_tokens)
-        defense, directive = prompt.span("defense"), prompt.span("directive")
-        assert abs(rates["defense"] - rates["directive"]) <= 1 / len(defense) + 1 / len(directive)
+        for indices in kept_sets(smollm, prompt, "streamingllm", 0.5, "fair").values():
+            for head in indices[0].tolist():
+                assert set(range(4)) <= set(head), "the sinks are kept"
+                rates = {}
+                for span in prompt.spans:
+                    own = [p for p in range(span.start, span.end) if p >= 4]
+                    rates[span.name] = (sum(p in own for p in head) / len(own), len(own))
+                (a, n_a), (b, n_b) = rates.values()
+                assert abs(a - b) <= 1 / n_a + 1 / n_b, rates
+
+
+def test_fair_streamingllm_splits_the_budget_without_the_sinks():
+    """Appendix F.3 (and the authors' code): the sinks are kept and the rest of the budget is split between the
+    earlier span without them and the later span: 100 tokens over spans of 104 (4 sinks) and 96 tokens gives
+    4 + 96 x 100 / 196 = 52.98 and 96 x 96 / 196 = 47.02; counting the sinks inside the split would give 52 / 48."""
+    assert fair_budgets(100, [104, 96], [4, 0], [4, 0]) == [53, 47]
+    assert fair_budgets(100, [104, 96], [0, 0]) == [52, 48]
+
+
+@pytest.mark.parametrize("variant", ["whitelist", "fair+whitelist"])
+def test_whitelist_is_kept_before_the_sinks(variant):
+    """StreamingLLM scores its sinks +inf like the whitelist; with a budget of 10 below the whitelist (7) plus the
+    sinks (4), all 7 whitelisted tokens are kept and three sinks fill the budget."""
+    n, ratio, spans, protected = 40, 0.75, ((0, 20), (20, 40)), tuple(range(8, 15))
+    press, keys = make_press("streamingllm", ratio), torch.zeros(1, 2, n, 4)
+    scores = {"ranking": ranking_scores(press, None, None, keys, None, None, None),
+              "local": span_local_scores(press, None, None, keys, None, None, None, spans)}
+    indices = choose(scores.get, (1, 2, n), ratio, variant, 1.0, spans, protected,
+                     reserved=reserved_positions(press, n))
+    for head in indices[0].tolist():
+        assert len(set(head)) == compute_n_kept(n, ratio) == 10
+        assert set(protected) <= set(head), head
+        assert len(set(head) & set(range(4))) == 3, head
 
 
 def test_whitelist_errors_and_opt_in(smollm, normal_prompt):

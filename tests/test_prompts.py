@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairkv import models, prompts
+from fairkv import metrics, models, prompts
 from fairkv.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
 
 
@@ -45,6 +45,20 @@ def test_paper_prompt_spans(tokenizer, records, templates, order):
         assert protected.strip() == WHITELIST_PHRASE
         defense = prompt.span("defense")
         assert all(defense.start <= t < defense.end for t in prompt.protected)
+
+
+def test_a_refusal_does_not_leak_the_defense(tokenizer, records, templates, order):
+    """The defense reference leaves out the reply it scripts: the scripted refusal scores 0 defense leakage, and 7
+    of the whole template's 58 words (0.12) against the raw reference, which stays in the row beside it."""
+    prompt = prompts.paper_prompt(tokenizer, records[0], templates, order=order)
+    assert "assist with that request" not in prompt.references["defense"]
+    assert prompt.raw_references["defense"].replace("'I can't assist with that request.' ", "") == \
+        prompt.references["defense"]
+    scores = metrics.attack_scores(prompt.references, "I can't assist with that request.", prompt.raw_references)
+    assert scores["leak_defense"] == 0.0 and scores["attack_label"] == "refused"
+    assert scores["leak_defense_raw"] == pytest.approx(7 / 58, abs=0.005)
+    leaked = metrics.attack_scores(prompt.references, prompt.references["defense"], prompt.raw_references)
+    assert leaked["leak_defense"] == 1.0 and leaked["attack_label"] == "leaked"
 
 
 def test_query_is_not_part_of_the_prefix(tokenizer, records, templates):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from fairkv import experiment
+from fairkv import experiment, fingerprint
 from fairkv.paths import REPO_ROOT
 from fairkv.store import StoreError
 
@@ -57,15 +58,36 @@ def test_same_grid_twice_gives_identical_rows(smollm, tmp_path):
     assert first["checksum"].iloc[0] == smollm.checksum and smollm.checksum is not None
 
 
-def test_rows_of_other_versions_are_reported_not_mixed(smollm, tmp_path):
+@pytest.mark.parametrize("field, value", [("torch", "1.0.0"), ("code", "0123456789ab")])
+def test_rows_of_other_versions_are_reported_not_mixed(smollm, tmp_path, field, value):
+    """A row of another library version, or computed by other result code (its fingerprint), is never replayed."""
     grid = experiment.Grid(**{**GRID, "n_prompts": 1, "policies": ("streamingllm",), "variants": ("base",)})
     experiment.run(grid, tmp_path, progress=False, lm=smollm)
     path = experiment.store_for(grid, tmp_path).path
     rows = [json.loads(line) for line in complete_lines(path)]
-    rows[0]["versions"]["torch"] = "1.0.0"
+    rows[0]["versions"][field] = value
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(StoreError, match=r"torch 1\.0\.0 \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"):
+    with pytest.raises(StoreError, match=rf"{field} {value.replace('.', '[.]')} \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"):
         experiment.run(grid, tmp_path, progress=False, lm=smollm)
+
+
+def test_code_fingerprint_follows_code_not_docstrings(tmp_path, monkeypatch):
+    """Editing a docstring keeps the fingerprint (stored rows stay valid); editing code changes it."""
+    copy = tmp_path / "fairkv"
+    shutil.copytree(fingerprint.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fingerprint, "PACKAGE", copy)
+    fresh = lambda: (fingerprint.code_fingerprint.cache_clear(), fingerprint.code_fingerprint())[1]
+    try:
+        original = fresh()
+        selection = copy / "presses" / "selection.py"
+        text = selection.read_text()
+        selection.write_text(text.replace('"""Which positions to keep:', '"""Which positions (edited) to keep:'))
+        assert fresh() == original
+        selection.write_text(text.replace("return scores.topk(n_kept, dim=-1).indices",
+                                          "return scores.topk(n_kept, dim=-1, sorted=False).indices"))
+        assert fresh() != original
+    finally:
+        fingerprint.code_fingerprint.cache_clear()  # the next caller hashes the real package again
 
 
 # Loaded into every Python process of the run (the notebook kernel included): any connection that leaves the

@@ -1,8 +1,8 @@
 """Per-span budgets: the fair split (Algorithm 1), the lambda blend (Appendix G), integer apportionment.
 
 Written once and used by every policy. Budgets are integers that sum exactly to the base policy's budget
-(``kvpress.utils.compute_n_kept``), never exceed a span's length and never fall below the number of whitelisted
-tokens in the span.
+(``kvpress.utils.compute_n_kept``), never exceed a span's length and never fall below the number of tokens the span
+must keep (whitelisted tokens, and StreamingLLM's sinks).
 
 Differs from the paper's Algorithm 1: for two spans the paper takes k_earlier = floor(n_kept * len_earlier / n) and
 gives the rest to the later span; we apportion by largest remainder (ties to the later span), which for two spans
@@ -42,23 +42,37 @@ def apportion(total: int, targets: Sequence[float], lower: Sequence[int], upper:
     return counts
 
 
-def fair_budgets(n_kept: int, lengths: Sequence[int], protected: Sequence[int]) -> list[int]:
-    """Algorithm 1: budgets proportional to span length (equal keep rates), whitelisted tokens included."""
-    n = sum(lengths)
-    return apportion(n_kept, [n_kept * length / n for length in lengths], protected, lengths)
+def fair_budgets(
+    n_kept: int, lengths: Sequence[int], lower: Sequence[int], reserved: Sequence[int] | None = None
+) -> list[int]:
+    """Algorithm 1: budgets proportional to span length (equal keep rates), never below ``lower`` (the whitelisted
+    and reserved tokens of each span, which count inside its budget).
+
+    ``reserved`` tokens per span are kept outside the split (Appendix F.3, StreamingLLM's sinks): the remaining
+    budget is split in proportion to each span's length without them, and each span gets its reserved tokens on top.
+    """
+    reserved = list(reserved) if reserved is not None else [0] * len(lengths)
+    free, rest = n_kept - sum(reserved), [length - r for length, r in zip(lengths, reserved)]
+    targets = [r + free * length / sum(rest) for r, length in zip(reserved, rest)] if sum(rest) else list(reserved)
+    return apportion(n_kept, targets, lower, lengths)
 
 
 def debiased_budgets(
-    n_kept: int, lengths: Sequence[int], protected: Sequence[int], default: Sequence[int], lam: float
+    n_kept: int,
+    lengths: Sequence[int],
+    lower: Sequence[int],
+    default: Sequence[int],
+    lam: float,
+    reserved: Sequence[int] | None = None,
 ) -> list[int]:
     """Appendix G: b_k(lam) = lam * b_k^fair + (1 - lam) * b_k^default, apportioned to integers.
 
     ``default`` is the number of each span's tokens the unmodified policy keeps; lam = 0 returns it unchanged and
-    lam = 1 returns the fair budgets.
+    lam = 1 returns the fair budgets (``fair_budgets``, with the same ``lower`` and ``reserved``).
     """
-    fair = fair_budgets(n_kept, lengths, protected)
+    fair = fair_budgets(n_kept, lengths, lower, reserved)
     targets = [lam * f + (1.0 - lam) * d for f, d in zip(fair, default)]
-    return apportion(n_kept, targets, protected, lengths)
+    return apportion(n_kept, targets, lower, lengths)
 
 
 def window_split(window: int, n_spans: int) -> list[int]:

@@ -15,7 +15,7 @@ from kvpress import BasePress, ScorerPress
 from torch import nn
 
 from fairkv.presses.registry import check_variant
-from fairkv.presses.scoring import ranking_scores, span_local_scores
+from fairkv.presses.scoring import ranking_scores, reserved_positions, span_local_scores
 from fairkv.presses.selection import check_lam, check_spans, choose, gather_kept
 
 
@@ -63,7 +63,7 @@ class RecordingPress(BasePress):
         }
         indices = choose(
             lambda kind: scorers[kind](), (batch, heads, n), self.compression_ratio, self.variant, self.lam,
-            self.spans, self.protected, self.keep_only_whitelist,
+            self.spans, self.protected, self.keep_only_whitelist, reserved_positions(self.press, n),
         ).to(keys.device)
         keys, values, self.kept[module.layer_idx] = gather_kept(keys, values, indices)
         return keys, values

@@ -36,6 +36,12 @@ def _streaming_scores(press: StreamingLLMPress, keys: torch.Tensor) -> torch.Ten
     return scores
 
 
+def reserved_positions(press: ScorerPress, n: int) -> tuple[int, ...]:
+    """Positions the policy keeps whatever the budget, outside fair eviction's split: StreamingLLM's sinks
+    (Appendix F.3: "keep the sinks, then the most recent b_X tokens of span X and the most recent b_Y of span Y")."""
+    return tuple(range(min(press.n_sink, n))) if isinstance(press, StreamingLLMPress) else ()
+
+
 def ranking_scores(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
     """The base policy's scores (batch, kv_heads, n), with StreamingLLM expressed as a ranking (see module doc)."""
     if isinstance(press, StreamingLLMPress):

@@ -9,8 +9,8 @@ engine (which scores once and cuts the same scores at many ratios). It asks for 
 - "ranking": the same ranking, with StreamingLLM's ties broken by recency (``scoring.ranking_scores``);
 - "local": Appendix F's span-local scores (``scoring.span_local_scores``).
 
-Whitelist: the whitelisted positions are always kept and the policy ranks the rest, so the kept count stays exactly
-``compute_n_kept``; a whitelist larger than the budget is an error unless ``keep_only_whitelist`` (then only the
+Whitelist: the whitelisted positions are always kept (before StreamingLLM's sinks, which it also scores +inf) and the
+policy ranks the rest, so the kept count stays exactly ``compute_n_kept``; a whitelist larger than the budget is an error unless ``keep_only_whitelist`` (then only the
 whitelist is kept; the paper stops at r = 0.7 for this reason).
 
 Fair / debiasing, per KV head: the base selection (with the whitelist) decides how many of each span's tokens it
@@ -83,8 +83,12 @@ def choose(
     spans: Sequence[tuple[int, int]] = (),
     protected: Sequence[int] = (),
     keep_only_whitelist: bool = False,
+    reserved: Sequence[int] = (),
 ) -> torch.Tensor:
-    """Indices (batch, kv_heads, n_kept) to keep for a prefix of ``shape`` = (batch, kv_heads, n)."""
+    """Indices (batch, kv_heads, n_kept) to keep for a prefix of ``shape`` = (batch, kv_heads, n).
+
+    ``reserved``: positions the policy always keeps and fair eviction keeps outside its split (StreamingLLM's sinks,
+    ``scoring.reserved_positions``); the whitelist comes before them when the budget cannot hold both."""
     batch, heads, n = shape
     check_variant(variant)
     n_kept = compute_n_kept(n, ratio)
@@ -97,7 +101,8 @@ def choose(
     if not variant.startswith("fair") or lam == 0.0:
         return base
     check_spans(spans, n)
-    return fair_select(base, scores("local"), n_kept, spans, whitelist, lam)
+    reserved = [p for p in reserved if p not in set(whitelist)][: n_kept - len(whitelist)]
+    return fair_select(base, scores("local"), n_kept, spans, whitelist, lam, reserved)
 
 
 def gather_kept(keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
@@ -126,13 +131,19 @@ def check_whitelist(protected: Sequence[int], n: int, n_kept: int, keep_only: bo
     return False
 
 
+def whitelist_first(scores: torch.Tensor, protected: Sequence[int]) -> torch.Tensor:
+    """Scores that rank the whitelisted positions above every other, even those the policy scores +inf
+    (StreamingLLM's sinks): top-k then keeps the whole whitelist whenever the budget holds it."""
+    scores = scores.float().clamp(max=torch.finfo(torch.float32).max)
+    scores[..., list(protected)] = float("inf")
+    return scores
+
+
 def whitelist_select(scores: torch.Tensor, n_kept: int, protected: Sequence[int]) -> torch.Tensor:
     """Section 5.1: the whitelisted positions first, then the policy's best among the rest, n_kept in all."""
     if not protected:
         return topk_select(scores, n_kept)
-    scores = scores.clone()
-    scores[..., list(protected)] = float("inf")
-    return topk_select(scores, n_kept)
+    return topk_select(whitelist_first(scores, protected), n_kept)
 
 
 def fair_select(
@@ -142,22 +153,26 @@ def fair_select(
     spans: Sequence[tuple[int, int]],
     protected: Sequence[int],
     lam: float,
+    reserved: Sequence[int] = (),
 ) -> torch.Tensor:
     """Algorithm 1 / Appendix G per KV head: span budgets blended between the base selection ``base`` and the fair
-    split, then the top span-local scores inside each span (whitelisted positions first)."""
+    split, then the top span-local scores inside each span (whitelisted positions first).
+
+    ``reserved`` positions (StreamingLLM's sinks, Appendix F.3) are kept and the rest of the budget is split in
+    proportion to the spans' lengths without them; the local scores must rank them first inside their span."""
     batch, heads, _ = base.shape
     n = spans[-1][1]
-    scores = local_scores.float().clone()
-    if protected:
-        scores[..., list(protected)] = float("inf")
+    scores = whitelist_first(local_scores, protected)
     lengths = [end - start for start, end in spans]
-    in_span = [sum(start <= p < end for p in protected) for start, end in spans]
+    count = lambda positions: [sum(start <= p < end for p in positions) for start, end in spans]
+    in_reserve = count(reserved)
+    lower = [w + r for w, r in zip(count(protected), in_reserve)]
     base_mask = torch.zeros(batch, heads, n, dtype=torch.bool, device=base.device).scatter_(-1, base, True)
     chosen = torch.empty(batch, heads, n_kept, dtype=torch.long, device=base.device)
     for b in range(batch):
         for h in range(heads):
             default = [int(base_mask[b, h, start:end].sum()) for start, end in spans]
-            budgets = debiased_budgets(n_kept, lengths, in_span, default, lam)
+            budgets = debiased_budgets(n_kept, lengths, lower, default, lam, in_reserve)
             picks = [scores[b, h, s:e].topk(k).indices + s for (s, e), k in zip(spans, budgets) if k > 0]
             chosen[b, h] = torch.cat(picks)
     return chosen

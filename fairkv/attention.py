@@ -1,0 +1,58 @@
+"""The attention kernel of decoding: grouped-query attention that reads the cache without copying it.
+
+Decoding never needs attention weights (only the prefill of H2O, SnapKV, TOVA and the span-local scores read them,
+and they run under eager attention). transformers' eager attention repeats every KV head to the number of query
+heads before its two matmuls (``repeat_kv``): at each decoding step it copies the whole cache of every layer
+(Qwen2.5-1.5B: 2 KV heads for 12 query heads, six copies). ``grouped_attention`` folds the query heads that share a
+KV head into the query-length axis instead, so the matmuls read the cache in place: the same operations as eager
+attention (scaled matmul, additive mask, float32 softmax, matmul) on a reshaped query. ``decoding`` switches a model
+to it for the duration of a decode and back (registered as ``DECODE_ATTENTION``, with eager's mask).
+
+Measured on this machine (``benchmarks/sweep_throughput.py``, ``benchmarks/results/``): see the README.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+DECODE_ATTENTION = "fairkv_grouped"
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager attention for query (batch, heads, q, d) over key / value (batch, kv_heads, L, d), kv_heads dividing
+    heads, without repeating the KV heads; returns (output (batch, q, heads, d), no weights)."""
+    batch, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv * group + g, as repeat_kv orders them
+    weights = torch.matmul(grouped, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        span = weights.shape[-1]
+        weights = (weights.view(batch, kv_heads, group, length, span) + attention_mask[:, :, None, :, :span]).view(
+            batch, kv_heads, group * length, span)
+    weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    output = torch.matmul(weights, value).view(batch, heads, length, dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, grouped_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, eager_mask)
+
+
+@contextmanager
+def decoding(model):
+    """Run ``model`` with ``grouped_attention`` inside the block when it uses eager attention (other kernels, e.g.
+    SDPA or flash attention on a GPU, already read the cache in place and are left as they are)."""
+    config = model.config
+    before = config._attn_implementation
+    if before == "eager":
+        config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

@@ -1,0 +1,41 @@
+"""A fingerprint of the code that decides a result row: every row carries it, and rows of other code never mix.
+
+Library versions do not change when our own code does: a second local run would replay rows that older presses, an
+older engine or older prompt code computed. ``code_fingerprint`` hashes the syntax trees of the modules whose change
+can change a row (data, prompts, presses, engine, decoding, metrics, models, the sweep's row assembly, the judge,
+LongBench and N-span prompts), without docstrings, so an edit of a comment or a docstring keeps stored rows, and any
+edit of code does not. ``metrics.versions`` includes it; ``experiment.run`` refuses a store whose rows carry another.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+RESULT_CODE = (
+    "data.py", "prompts.py", "engine.py", "generation.py", "metrics.py", "models.py", "experiment.py", "judge.py",
+    "longbench.py", "multispan.py", "presses/__init__.py", "presses/budget.py", "presses/recording.py",
+    "presses/registry.py", "presses/scoring.py", "presses/selection.py",
+)
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """12 hex digits of sha256 over the docstring-free syntax trees of ``RESULT_CODE``."""
+    digest = hashlib.sha256()
+    for name in RESULT_CODE:
+        tree = _without_docstrings(ast.parse((PACKAGE / name).read_text()))
+        digest.update(name.encode() + b"\0" + ast.dump(tree).encode() + b"\0")
+    return digest.hexdigest()[:12]

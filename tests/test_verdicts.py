@@ -1,0 +1,118 @@
+"""Verdicts with intervals (issue: a point estimate from a few prompts is never a finding): hand-worked cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fairkv import analysis, paper, verdicts
+from fairkv.verdicts import FAILS, HOLDS, INCONCLUSIVE, Estimate
+
+
+def prompts(values) -> pd.Series:
+    return pd.Series(values, index=range(len(values)), dtype=float)
+
+
+def test_rate_has_a_wilson_interval_and_three_verdicts():
+    """3 of 10: Wilson centre (3 + 1.92) / 13.84 = 0.356, half width 0.248: [0.108, 0.603]."""
+    estimate = verdicts.rate([1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+    assert (estimate.value, estimate.n) == (0.3, 10)
+    assert estimate.low == pytest.approx(0.108, abs=0.001) and estimate.high == pytest.approx(0.603, abs=0.001)
+    assert verdicts.decide(estimate, above=0.1) == HOLDS  # the whole interval above 0.1
+    assert verdicts.decide(estimate, above=0.5) == INCONCLUSIVE  # straddles 0.5
+    assert verdicts.decide(estimate, below=0.05) == FAILS  # none of it below 0.05
+    assert verdicts.decide(estimate, above=0.05, below=0.7) == HOLDS
+    with pytest.raises(verdicts.VerdictError, match="0/1 values"):
+        verdicts.rate([0.5, 1.0])
+
+
+def test_paired_binary_difference_is_newcombe():
+    """Refused at r = 0 by all 10 prompts and by none at r = 0.5: p1 - p2 = 1, Wilson(10/10) = [0.722, 1], so the
+    lower bound is 1 - sqrt(0.278^2 + 0.278^2) = 0.608 (phi = 0: a margin is empty): the drop holds. Refused at both
+    ratios by all 10: [-0.278, +0.278], no evidence either way: inconclusive, not "fails"."""
+    dropped = verdicts.difference(prompts([1] * 10), prompts([0] * 10))
+    assert dropped.value == 1.0 and dropped.low == pytest.approx(0.608, abs=0.001) and dropped.high == 1.0
+    assert verdicts.decide(dropped, above=0) == HOLDS
+    kept = verdicts.difference(prompts([1] * 10), prompts([1] * 10))
+    assert kept.value == 0.0 and kept.low == pytest.approx(-0.278, abs=0.001) and kept.high == pytest.approx(0.278, abs=0.001)
+    assert verdicts.decide(kept, above=0) == INCONCLUSIVE
+    # 5 refuse under both, 4 only under a, 1 under neither: phi = (5 x 1 - 0) / sqrt(9 x 1 x 5 x 5) = 1/3,
+    # lower bound 0.4 - sqrt(0.304^2 - 2/3 x 0.304 x 0.263 + 0.263^2) = 0.071
+    mixed = verdicts.difference(prompts([1] * 9 + [0]), prompts([1] * 5 + [0] * 5))
+    assert mixed.value == pytest.approx(0.4) and mixed.low == pytest.approx(0.071, abs=0.002)
+
+
+def test_paired_continuous_difference_is_a_paired_bootstrap():
+    """The same 0.3 gap on every prompt: the interval is [0.3, 0.3] however noisy each side is; unpaired, the noise
+    would widen it. A claimed decrease then fails; a tie [0, 0] fails a claimed increase."""
+    noise = np.linspace(0.0, 0.6, 10)
+    gap = verdicts.difference(prompts(noise + 0.3), prompts(noise))
+    assert (gap.low, gap.value, gap.high) == pytest.approx((0.3, 0.3, 0.3))
+    assert verdicts.decide(gap, above=0) == HOLDS and verdicts.decide(gap, below=0) == FAILS
+    tie = verdicts.difference(prompts(noise), prompts(noise))
+    assert verdicts.decide(tie, above=0) == FAILS
+    with pytest.raises(verdicts.VerdictError, match="same prompts"):
+        verdicts.difference(prompts(noise), prompts(noise[:5]))
+
+
+def test_compound_claims_and_undefined_intervals():
+    assert verdicts.all_of([HOLDS, HOLDS]) == HOLDS
+    assert verdicts.all_of([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE
+    assert verdicts.all_of([INCONCLUSIVE, FAILS, HOLDS]) == FAILS
+    assert verdicts.decide(Estimate(0.4, np.nan, np.nan, 1), above=0) == INCONCLUSIVE  # one prompt: no interval
+    with pytest.raises(verdicts.VerdictError, match="region"):
+        verdicts.decide(Estimate(0.4, 0.1, 0.5, 10))
+
+
+def test_resampled_statistic_keeps_prompts_paired():
+    """A statistic of two settings' means over the same prompts: resampling prompts keeps each prompt's pair, so a
+    constant per-prompt gap gives a zero-width interval."""
+    rows = pd.DataFrame([{"key": k, "setting": s, "v": k / 10 + (0.2 if s == "b" else 0.0)}
+                         for k in range(10) for s in ("a", "b")])
+    statistic = lambda f: f[f["setting"] == "b"]["v"].mean() - f[f["setting"] == "a"]["v"].mean()
+    estimate = verdicts.resampled(rows, statistic)
+    assert (estimate.low, estimate.value, estimate.high, estimate.n) == pytest.approx((0.2, 0.2, 0.2, 10))
+    assert np.isnan(verdicts.resampled(rows[rows["key"] == 0], statistic).low)  # one prompt: no interval
+
+
+def keep_rows(directive: float, defense: float, n: int = 10, ratios=(0.0, 0.5)) -> pd.DataFrame:
+    """Keep-rate rows of all five policies in both orders: the later span keeps ``directive`` (normal order), the
+    earlier ``defense``; flipped, the roles swap; with a small per-prompt wobble."""
+    rows = []
+    for key in range(n):
+        wobble = 0.01 * (key % 3)
+        for policy in ("streamingllm", "h2o", "snapkv", "tova", "knorm"):
+            for order, (d, f) in (("normal", (directive, defense)), ("flipped", (defense, directive))):
+                for ratio in ratios:
+                    rows.append({"key": key, "policy": policy, "variant": "base", "order": order, "ratio": ratio,
+                                 "keep_directive": d + wobble, "keep_defense": f + wobble})
+    return pd.DataFrame(rows)
+
+
+def test_claims_read_at_the_papers_ratio_or_refuse():
+    """Fig 7: directive 0.9, defense 0.4 on 10 prompts: StreamingLLM keeps the later span (holds), the bias reverses
+    (holds), K-Norm favours the earlier span in both orders (fails: it favours the later one here), TOVA keeps the
+    defense as well as the directive (fails). Without r = 0.5 in the rows the claims are an error, not r = 0.7's."""
+    claims = paper.pitfall5(keep_rows(0.9, 0.4)).set_index("claim")
+    assert claims["verdict"].tolist() == [HOLDS, HOLDS, FAILS, FAILS]
+    assert (claims["n"] == 10).all() and "difference +0.50 [+0.50, +0.50]" in claims["ours"].iloc[0]
+    with pytest.raises(analysis.AnalysisError, match=r"needs r = 0.5; the rows hold r in \[0.0, 0.7\]"):
+        paper.pitfall5(keep_rows(0.9, 0.4, ratios=(0.0, 0.7)))
+    few = paper.pitfall5(keep_rows(0.9, 0.4, n=1))  # one prompt: a point estimate is never a finding
+    assert set(few["verdict"]) == {INCONCLUSIVE}
+
+
+def test_summary_counts_the_three_verdicts(tmp_path):
+    table = pd.DataFrame([paper._claim("a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
+                          paper._claim("b", "x", "y", FAILS, 10), paper._claim("c", "x", "y", INCONCLUSIVE, 10)])
+    sentence = paper.verdict(table, "m", "cpu", 10)
+    assert sentence == "On m (cpu profile, n = 10 prompts), of 3 claims 1 holds, 1 fails, 1 inconclusive. fails: b; " \
+                       "inconclusive: c."
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    table.to_csv(tables / "03_paper_vs_us.csv", index=False)
+    (tables / "03_paper_vs_us.md").write_text(table.to_markdown(index=False))
+    summary = paper.write_summary(tmp_path, "t").read_text()
+    assert "In all, 3 claims: 1 holds, 1 fails, 1 inconclusive." in summary
+    assert "## Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in summary and "0.5 [0.2, 0.8]" in summary
