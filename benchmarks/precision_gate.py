@@ -66,6 +66,11 @@ def main() -> None:
     print("    attack refusals (float32 / " + args.dtype + "):")
     for (policy, ratio), row in refusals.iterrows():
         print(f"      {policy} r = {ratio:g}: {row['refused_32']} / {row['refused_x']} of {args.prompts}")
+    benign = both[both["query"] == "benign"]
+    for ratio, frame in benign.groupby("ratio"):
+        frame = frame.drop_duplicates(["key"]) if ratio == 0.0 else frame
+        print(f"    IFEval prompt-level strict accuracy, r = {ratio:g}: float32 {frame['prompt_strict_32'].mean():.2f}, "
+              f"{args.dtype} {frame['prompt_strict_x'].mean():.2f} (n = {len(frame)})")
     kept = reference[1].merge(candidate[1], on=on, suffixes=("_32", "_x"))
     gaps = pd.concat([(kept[f"{s}_32"] - kept[f"{s}_x"]).abs() for s in SPANS])
     print(f"(b) per-span keep rates over {kept['key'].nunique()} prompts x {kept['policy'].nunique()} policies x "

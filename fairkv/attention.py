@@ -23,10 +23,12 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 DECODE_ATTENTION = "fairkv_grouped"
 
 
-def grouped_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+def grouped_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Eager attention for query (batch, heads, q, d) over key / value (batch, kv_heads, L, d), kv_heads dividing
-    heads, without repeating the KV heads; returns (output (batch, q, heads, d), no weights)."""
+    heads, without repeating the KV heads; returns (output (batch, q, heads, d), no weights). The signature is SDPA's
+    (``dropout`` sixth), the one kvpress's wrapper of every registered attention function calls."""
     batch, heads, length, dim = query.shape
+    scaling = dim**-0.5 if scaling is None else scaling
     kv_heads = key.shape[1]
     group = heads // kv_heads
     grouped = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv * group + g, as repeat_kv orders them

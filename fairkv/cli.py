@@ -24,11 +24,12 @@ from fairkv.paths import REPO_ROOT, reports_dir, results_dir
 from fairkv.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
-# Wall minutes measured on this repository's 2-core machine (make reproduce, empty results store): per notebook for
-# ci, per group of notebooks for cpu (timed together in earlier sessions).
+# Wall minutes measured on this repository's 2-core machine (empty results store): per notebook for ci (executed one
+# after another with the running decode batch), per group of notebooks for cpu (timed together in earlier sessions, before the running decode batch and the
+# ratios 0.4 / 0.6 of the mitigation studies; the next cpu run re-measures them).
 MEASURED_MINUTES = {
-    "ci": {"00": 1.1, "01": 0.3, "02": 0.4, "03": 0.9, "04": 0.4, "05": 0.7, "06": 1.1, "07": 0.3, "08": 0.7, "09": 0.6,
-           "10": 0.6, "11": 7.4},
+    "ci": {"00": 0.8, "01": 0.4, "02": 0.6, "03": 0.8, "04": 0.3, "05": 0.8, "06": 1.0, "07": 0.4, "08": 0.5, "09": 0.7,
+           "10": 0.8, "11": 3.0},
     "cpu": {"00-07": 83, "08": 6, "09-10": 15, "11": 62},
 }
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
     check.add_argument("--query", help="a benign user query; needed to check compliance of spans with check=")
     check.add_argument("--attacks", type=int, default=6, help="how many RaccoonBench attacks (the paper's first)")
+    check.add_argument("--secret", action="append", default=[], metavar="TEXT",
+                       help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')")
+    check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
     check.add_argument("--max-new-tokens", type=int, default=64)
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
@@ -137,7 +141,8 @@ def run_store(action: str, paths: list[Path]) -> int:
 def run_audit(args) -> int:
     """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict."""
     try:
-        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), args.query, args.defense)
+        secrets = {f"secret{i}": text for i, text in enumerate(args.secret, start=1)}
+        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), args.query, args.defense, secrets)
     except (OSError, audit.AuditError) as error:
         raise SystemExit(f"fairkv audit: {error}") from error
     print(f"spans of {args.prompt}:\n{spec.describe()}")
@@ -147,6 +152,7 @@ def run_audit(args) -> int:
     lm = models.load_model(args.model)
     result = audit.run(spec, lm, args.policy, args.ratios, audit.default_attacks(args.attacks),
                        max_new_tokens=args.max_new_tokens)
+    result.show_secrets = args.show_secrets
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"report: {result.to_html(out / 'report.html')} and {result.to_json(out / 'report.json')}")

@@ -102,14 +102,6 @@ def compress(
     return Compressed(cache, n, kept, clock(lm.device) - start, policy, ratio, variant, lam)
 
 
-def _pad_cache(cache: DynamicCache, length: int) -> None:
-    """Left-pad every layer of ``cache`` to ``length`` entries, in place."""
-    for layer in cache.layers:
-        pad = length - layer.keys.shape[2]
-        if pad:
-            layer.keys, layer.values = F.pad(layer.keys, (0, 0, pad, 0)), F.pad(layer.values, (0, 0, pad, 0))
-
-
 def _stack_caches(caches: list[DynamicCache], length: int) -> DynamicCache:
     """One batched cache of ``caches`` (any batch sizes, at most ``length`` entries), each left-padded to ``length``."""
     stacked = DynamicCache()

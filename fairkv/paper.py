@@ -210,12 +210,10 @@ def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
     u_verdict, u_text = _inverted_u(rows, "leak_directive", PEAK, **normal)
     accuracy = {r: _values(rows, analysis.ACCURACY, r, **normal) for r in (0.0, PEAK)}
     kept, kept_v = _compared(accuracy[PEAK], accuracy[0.0], scale=0.75)
-    peaks, order_parts = {}, []
-    for policy in ("streamingllm", "snapkv", "h2o", "knorm"):
-        peaks[policy] = _values(rows, "leak_directive", PEAK, policy=policy, variant="base", order="normal")
+    peaks = {policy: _values(rows, "leak_directive", PEAK, policy=policy, variant="base", order="normal")
+             for policy in ("streamingllm", "snapkv", "h2o", "knorm")}
     chain = list(peaks)
     steps = [_compared(peaks[a], peaks[b]) for a, b in zip(chain, chain[1:])]
-    order_parts = [v for _, v in steps]
     flipped = _values(rows, analysis.ACCURACY, PEAK, policy="streamingllm", variant="base", order="flipped")
     faster, faster_v = _compared(accuracy[PEAK], flipped)
     d_verdict, d_text = _inverted_u(rows, "leak_defense", PEAK, **normal)
@@ -232,7 +230,7 @@ def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
                f"accuracy(0) {kept.signed()}" + _refusal_note(rows, (0.0, PEAK), **normal), kept_v, n),
         _claim(f"leakage at r = {PEAK:g}: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
                ", ".join(f"{_label(p)} {verdicts.mean(v)}" for p, v in peaks.items()) + "; steps "
-               + ", ".join(e.signed() for e, _ in steps), verdicts.all_of(order_parts), n),
+               + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n),
         _claim(f"flipped order: StreamingLLM directive accuracy falls faster (r = {PEAK:g})", "~40-50% flipped at r = 0.5",
                f"normal {verdicts.mean(accuracy[PEAK])}, flipped {verdicts.mean(flipped)}, normal - flipped "
                f"{faster.signed()}", faster_v, n),

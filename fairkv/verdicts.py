@@ -10,10 +10,14 @@ one value per prompt:
 
 ``decide``: a claim ``holds`` when the whole interval lies inside the claimed region, ``fails`` when none of it does
 (the interval excludes the claimed effect, e.g. it lies at or below no effect for a claimed increase), and is
-``inconclusive`` otherwise. A compound claim (a ranking, a shape) is the conjunction of its parts (``all_of``): it
-holds when every part holds, fails when any part fails, else is inconclusive.
+``inconclusive`` otherwise. A bootstrap interval over fewer than ``MIN_BOOTSTRAP`` prompts decides nothing
+(inconclusive): with four prompts that all show no change it is [0, 0], which would read as a finding; Wilson and
+Newcombe intervals stay honest at small n and decide at any n. A compound claim (a ranking, a shape) is the
+conjunction of its parts (``all_of``): it holds when every part holds, fails when any part fails, else is
+inconclusive. ``resampled`` gives any other statistic (a spread over classes, a rank correlation, a Pareto share) an
+interval by resampling prompts.
 
-The paper reports no intervals; these are ours (issue: "a point estimate from a few prompts is never a finding").
+The paper reports no intervals; these are ours.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from fairkv.metrics import proportion_ci
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)
+MIN_BOOTSTRAP = 10  # prompts below which a bootstrap interval is shown but decides nothing
 
 
 class VerdictError(ValueError):
@@ -42,13 +47,20 @@ class Estimate:
     low: float
     high: float
     n: int
+    method: str = "bootstrap"  # wilson, newcombe or bootstrap (over prompts)
 
     def __str__(self) -> str:
-        return f"{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
+        return self._show("")
 
     def signed(self) -> str:
         """For differences: the sign shown."""
-        return f"{self.value:+.2f} [{self.low:+.2f}, {self.high:+.2f}]"
+        return self._show("+")
+
+    def _show(self, sign: str) -> str:
+        if math.isnan(self.value):
+            return "undefined"
+        shown = f"{self.value:{sign}.2f}"
+        return f"{shown} [no interval]" if math.isnan(self.low) else f"{shown} [{self.low:{sign}.2f}, {self.high:{sign}.2f}]"
 
 
 def _binary(values: np.ndarray) -> bool:
@@ -80,7 +92,7 @@ def rate(values) -> Estimate:
     if not _binary(array):
         raise VerdictError(f"a rate needs 0/1 values, got {sorted(set(array.tolist()))[:5]}")
     low, high = proportion_ci(int(array.sum()), len(array))
-    return Estimate(float(array.mean()), low, high, len(array))
+    return Estimate(float(array.mean()), low, high, len(array), "wilson")
 
 
 def mean(values) -> Estimate:
@@ -122,9 +134,8 @@ def difference(a: pd.Series, b: pd.Series) -> Estimate:
         raise VerdictError("a paired comparison needs one value per prompt on each side")
     x, y = a.sort_index().to_numpy(dtype=float), b.sort_index().to_numpy(dtype=float)
     if _binary(x) and _binary(y):
-        low, high = newcombe(x, y)
-    else:
-        low, high = bootstrap_ci(x - y)
+        return Estimate(float((x - y).mean()), *newcombe(x, y), len(x), "newcombe")
+    low, high = bootstrap_ci(x - y)
     return Estimate(float((x - y).mean()), low, high, len(x))
 
 
@@ -132,9 +143,11 @@ def decide(estimate: Estimate, above: float | None = None, below: float | None =
     """Whether the claimed region (value > ``above`` and/or value < ``below``) holds the interval.
 
     holds: the whole interval lies inside the region; fails: no part of it does; else inconclusive (also when the
-    interval is undefined, NaN)."""
+    interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
     if above is None and below is None:
         raise VerdictError("a claim needs a region: above and/or below")
+    if estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP:
+        return INCONCLUSIVE
     inside = (above is None or estimate.low > above) and (below is None or estimate.high < below)
     outside = (above is not None and estimate.high <= above) or (below is not None and estimate.low >= below)
     return HOLDS if inside else FAILS if outside else INCONCLUSIVE

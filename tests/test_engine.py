@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairkv import engine, generation
+from fairkv import attention, engine, generation
 from fairkv.presses import POLICIES, WhitelistError
 
 SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair+whitelist", 1.0)]
@@ -60,3 +60,23 @@ def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, pref
     budgets = [24, 5, 17, 24, 9, 24, 1, 12, 24, 3]
     joined = generation.answer_batch(smollm, items, budgets, batch_size=4)
     assert [a.token_ids for a in joined] == [s.token_ids[:k] for s, k in zip(single, budgets)]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_grouped_attention_is_eager_attention(dtype, tolerance):
+    """Decoding's kernel against transformers' eager attention on random tensors (12 query heads over 2 KV heads, a
+    padded mask), called as kvpress's wrapper of registered attention functions calls it (dropout sixth)."""
+    from kvpress.attention_patch import attention_patch
+    from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 6, False
+    query = torch.randn(3, 12, 2, 16, dtype=dtype)
+    key, value = torch.randn(3, 2, 9, 16, dtype=dtype), torch.randn(3, 2, 9, 16, dtype=dtype)
+    mask = torch.zeros(3, 1, 2, 9, dtype=dtype)
+    mask[0, :, :, :4] = torch.finfo(dtype).min  # left padding of the first sequence
+    expected, _ = eager_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, weights = attention_patch(attention.grouped_attention)(module, query, key, value, mask, 0.0, scaling=0.25)
+    assert weights is None and got.shape == expected.shape == (3, 2, 12, 16)
+    assert torch.allclose(got.float(), expected.float(), atol=tolerance, rtol=tolerance)

@@ -52,6 +52,9 @@ def test_paired_continuous_difference_is_a_paired_bootstrap():
     assert verdicts.decide(gap, above=0) == HOLDS and verdicts.decide(gap, below=0) == FAILS
     tie = verdicts.difference(prompts(noise), prompts(noise))
     assert verdicts.decide(tie, above=0) == FAILS
+    few = verdicts.difference(prompts(noise[:4]), prompts(noise[:4]))  # [0, 0] from 4 prompts decides nothing
+    assert (few.low, few.high) == (0.0, 0.0) and verdicts.decide(few, above=0) == INCONCLUSIVE
+    assert verdicts.decide(verdicts.rate([0, 0, 0, 0]), above=0.7) == FAILS  # Wilson [0, 0.49] holds at n = 4
     with pytest.raises(verdicts.VerdictError, match="same prompts"):
         verdicts.difference(prompts(noise), prompts(noise[:5]))
 
@@ -61,6 +64,9 @@ def test_compound_claims_and_undefined_intervals():
     assert verdicts.all_of([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE
     assert verdicts.all_of([INCONCLUSIVE, FAILS, HOLDS]) == FAILS
     assert verdicts.decide(Estimate(0.4, np.nan, np.nan, 1), above=0) == INCONCLUSIVE  # one prompt: no interval
+    assert str(Estimate(0.4, np.nan, np.nan, 1)) == "0.40 [no interval]"
+    assert Estimate(np.nan, np.nan, np.nan, 4).signed() == "undefined"  # e.g. no class to normalise
+    assert Estimate(-0.1, -0.3, 0.05, 9).signed() == "-0.10 [-0.30, +0.05]"
     with pytest.raises(verdicts.VerdictError, match="region"):
         verdicts.decide(Estimate(0.4, 0.1, 0.5, 10))
 

@@ -12,7 +12,10 @@ another span's keys. Scores are only compared within a span. Shapes: attentions 
 Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
 is the last prompt token. Here each span's window and anchor are the span's own tail (Appendix F.4, F.7) for any
 number of spans; since the paper's spans absorb the template suffix into the last span, the last span's tail is the
-prompt's tail, as in their code, and every earlier span uses its own tail, as in the paper.
+prompt's tail, as in their code, and every earlier span uses its own tail, as in the paper. Their fair H2O masks and
+normalises attention over the raw instruction spans; here over the spans as the prompt cuts them (the first absorbs
+the chat header, the last the template suffix), so that every prefix token belongs to a span and is scored (F.5
+names the spans, not how the header and suffix are split). Its effect on Fig 9's H2O row is not measured yet.
 """
 
 from __future__ import annotations
