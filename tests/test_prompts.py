@@ -48,14 +48,15 @@ def test_paper_prompt_spans(tokenizer, records, templates, order):
 
 
 def test_a_refusal_does_not_leak_the_defense(tokenizer, records, templates, order):
-    """The defense reference leaves out the reply it scripts: the scripted refusal scores 0 defense leakage, and 7
-    of the whole template's 58 words (0.12) against the raw reference, which stays in the row beside it."""
+    """The defense reference leaves out the reply it scripts: the scripted refusal now shares only two common words
+    with it ("with", "request": 2 of 51, 0.04, under any leak threshold), against 7 of the whole template's 58 words
+    (0.12) with the raw reference, which stays in the row beside it."""
     prompt = prompts.paper_prompt(tokenizer, records[0], templates, order=order)
     assert "assist with that request" not in prompt.references["defense"]
     assert prompt.raw_references["defense"].replace("'I can't assist with that request.' ", "") == \
         prompt.references["defense"]
     scores = metrics.attack_scores(prompt.references, "I can't assist with that request.", prompt.raw_references)
-    assert scores["leak_defense"] == 0.0 and scores["attack_label"] == "refused"
+    assert scores["leak_defense"] == pytest.approx(2 / 51) and scores["attack_label"] == "refused"
     assert scores["leak_defense_raw"] == pytest.approx(7 / 58, abs=0.005)
     leaked = metrics.attack_scores(prompt.references, prompt.references["defense"], prompt.raw_references)
     assert leaked["leak_defense"] == 1.0 and leaked["attack_label"] == "leaked"
