@@ -1,5 +1,6 @@
 """Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill; ``fairkv audit`` checks your own
-system prompt (``fairkv.audit``); ``fairkv store check|compact`` inspects or compacts results stores (``fairkv.store``).
+system prompt (``fairkv.audit``); ``fairkv store check|compact|seal`` inspects, compacts or seals results stores
+(``fairkv.store``; sealed rows are what ``results/cpu/`` commits); ``fairkv verify`` recomputes stored rows from scratch.
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
 papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
@@ -19,7 +20,7 @@ import papermill
 import yaml
 from traitlets.config import Config
 
-from fairkv import audit, figures, metrics, models, paper, progress
+from fairkv import audit, figures, metrics, models, paper, progress, verify
 from fairkv.paths import REPO_ROOT, reports_dir, results_dir
 from fairkv.store import ResultsStore, StoreError
 
@@ -109,21 +110,35 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--max-new-tokens", type=int, default=64)
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
-    stores = commands.add_parser("store", help="check a results store, or rewrite it without duplicates")
-    stores.add_argument("action", choices=("check", "compact"))
-    stores.add_argument("paths", nargs="*", help="store files (default: every *.jsonl in the results folder)")
+    stores = commands.add_parser("store", help="check a results store, rewrite it without duplicates, or seal its rows "
+                                               "into gzip segments to commit")
+    stores.add_argument("action", choices=("check", "compact", "seal"))
+    stores.add_argument("paths", nargs="*",
+                        help="store files (default: every *.jsonl in the results folder and its profile folders)")
+    checking = commands.add_parser("verify", help="recompute random stored rows from scratch and count identical ones")
+    checking.add_argument("paths", nargs="*", help="store files (default: every store in the results folder and its "
+                                                   "profile folders)")
+    checking.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store")
+    checking.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        return run_verify([Path(p) for p in args.paths] or stores_found(), args.sample, args.seed)
     if args.command == "audit":
         return run_audit(args)
     if args.command == "store":
-        return run_store(args.action, [Path(p) for p in args.paths] or sorted(results_dir().glob("*.jsonl")))
+        return run_store(args.action, [Path(p) for p in args.paths] or stores_found())
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
     reproduce(args.notebooks or None, parameters)
     return 0
 
 
+def stores_found() -> list[Path]:
+    """Every store in the results folder and in its profile folders (``studies.results_folder``)."""
+    return sorted(results_dir().glob("*.jsonl")) + sorted(results_dir().glob("*/*.jsonl"))
+
+
 def run_store(action: str, paths: list[Path]) -> int:
-    """Print each store's check (lines, cells, duplicates, other versions, who computes it) or compact it."""
+    """Print each store's check (lines, cells, duplicates, other versions, who computes it), compact or seal it."""
     if not paths:
         raise SystemExit(f"fairkv store: no store in {results_dir()}; name the files")
     for path in paths:
@@ -131,11 +146,24 @@ def run_store(action: str, paths: list[Path]) -> int:
             raise SystemExit(f"fairkv store: no store file {path}")
         store = ResultsStore(path)
         try:
-            report = store.check(metrics.versions()) if action == "check" else store.compact()
+            actions = {"check": lambda: store.check(metrics.versions()), "compact": store.compact, "seal": store.seal}
+            report = actions[action]()
         except StoreError as error:
             raise SystemExit(f"fairkv store {action}: {error}") from error
         print(" ".join(f"{name}={value}" for name, value in report.items()), flush=True)
     return 0
+
+
+def run_verify(paths: list[Path], sample: int, seed: int) -> int:
+    """Print each store's verification; exit status 1 when a row differs."""
+    reports = []
+    for path in paths:
+        try:
+            reports.append(verify.verify(path, sample, seed))
+        except verify.VerifyError as error:
+            raise SystemExit(f"fairkv verify: {error}") from error
+        print(reports[-1], flush=True)
+    return int(any(report.differing for report in reports))
 
 
 def run_audit(args) -> int:

@@ -12,7 +12,7 @@ in one running batch (``generation.answer_batch``) and its rows are appended tog
 the group in progress and recomputes nothing finished.
 
 Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
-Qwen2.5-Coder-1.5B on a 2-core CPU, 83 minutes measured), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
+Qwen2.5-Coder-1.5B on a 2-core CPU in bfloat16), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
 """
 
 from __future__ import annotations
@@ -144,12 +144,14 @@ PROFILES: dict[str, Grid] = {
         note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
     ),
     "cpu": Grid(
-        model="qwen2.5-coder-1.5b", n_prompts=10, ratios=(0.0, 0.3, 0.5, 0.7, 0.9), max_new_tokens=96,
-        benign_tokens=64, variants=("base", "whitelist", "fair"), batch_size=48,
-        note="Qwen2.5-Coder-1.5B fp32 on 2 CPU cores, 83 min measured for notebooks 00-07: 10 prompts for the "
-        "leakage and mitigation studies (paper: 100), 24 for Fig 2, 100 for the keep rates; ratios 0, 0.3, 0.5, 0.7, 0.9 "
-        "(paper: 0-0.9 by 0.1; the mitigations stop at 0.7); 64 new tokens for IFEval, 96 for the attack (paper: 1280 "
-        "/ 256), so long-answer IFEval instructions fail at every ratio; lambda in {0, 0.4, 0.8, 1} for StreamingLLM",
+        model="qwen2.5-coder-1.5b", n_prompts=100, orders=("normal", "flipped"), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        max_new_tokens=128, benign_tokens=256, variants=("base", "whitelist", "fair"), dtype="bfloat16", batch_size=128,
+        note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
+        "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
+        "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
+        "(paper: 1280, so instructions that need longer answers can fail at every ratio); 128 new tokens for the "
+        "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
+        "ratios their claims read (0.4, 0.6)",
     ),
     "paper": Grid(
         model="meta-llama/Llama-3.1-8B-Instruct", n_prompts=None, orders=("normal", "flipped"),

@@ -6,6 +6,7 @@ Plot functions read and write no files; every figure names the model and the sam
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -25,6 +26,13 @@ from fairkv.presses import get_policy
 POLICY_COLOURS = {"StreamingLLM": "#0072B2", "H2O": "#D55E00", "SnapKV": "#56B4E9", "TOVA": "#CC79A7",
                   "K-Norm": "#000000"}
 VARIANT_COLOURS = {"base": "#7F7F7F", "whitelist": "#E69F00", "fair": "#009E73", "fair+whitelist": "#F0E442"}
+
+
+def suptitle(fig: plt.Figure, title: str) -> None:
+    """The figure's title, wrapped to the figure's width and set above its panels (figures are saved with a tight
+    bounding box), so a long title never runs over the panel titles."""
+    width = max(40, int(fig.get_figwidth() * 13))  # about 13 characters per inch at 10 pt
+    fig.suptitle(textwrap.fill(title, width), fontsize=10, y=1.0, va="bottom")
 
 
 def palette(hue: str) -> dict | None:
@@ -147,7 +155,7 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
         ax.set_ylim(-0.05, 1.05)
     if axes[-1].get_legend() is not None:
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1, 1))
-    fig.suptitle(title, fontsize=10)
+    suptitle(fig, title)
     fig.tight_layout()
     return fig
 
@@ -173,17 +181,32 @@ def _label_policies(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
-    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised."""
-    long = accuracy.melt(
+    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised
+    by the class's accuracy at r = 0. Every class is drawn in the raw column; the legend gives each class's number of
+    instructions (single / multi), and the normalised panel names the classes that score 0 at r = 0 and so cannot be
+    normalised (they are absent from it, not lost)."""
+    counts = accuracy[accuracy["ratio"] == 0.0].pivot_table(index="class", columns="prompts", values="n", aggfunc="sum")
+    count = lambda name, kind: int(counts.at[name, kind]) if kind in counts and pd.notna(counts.at[name, kind]) else 0
+    label = {name: f"{name} (n = {count(name, 'single')} / {count(name, 'multi')})" for name in counts.index}
+    labelled = accuracy.assign(**{"class": accuracy["class"].map(label)})
+    long = labelled.melt(
         id_vars=["prompts", "class", "ratio"], value_vars=["accuracy", "normalised"], var_name="scale", value_name="value"
     )
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="class", row="prompts", col="scale", kind="line", marker="o",
-        height=2.8, aspect=1.4, facet_kws={"sharey": False}, row_order=["single", "multi"],
+        height=2.8, aspect=1.4, facet_kws={"sharey": False}, row_order=["single", "multi"], col_order=["accuracy", "normalised"],
     )
-    grid.set_axis_labels("compression ratio r", "accuracy")
     grid.set_titles("{row_name}-instruction prompts, {col_name}")
-    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    for (kind, scale), ax in grid.axes_dict.items():
+        ax.set_xlabel("compression ratio r")
+        ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
+        if scale == "normalised":
+            lost = accuracy[(accuracy["prompts"] == kind) & (accuracy["ratio"] == 0.0) & (accuracy["accuracy"] == 0.0)]
+            if not lost.empty:
+                ax.text(0.02, 0.02, "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])), fontsize=6,
+                        transform=ax.transAxes, va="bottom")
+    grid.legend.set_title("class (n instructions: single / multi)")
+    suptitle(grid.figure, title)
     return grid.figure
 
 
@@ -212,14 +235,15 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     )
     grid.set_axis_labels("compression ratio r", "keep rate")
     grid.set_titles("{col_name}, {row_name} order")
-    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    suptitle(grid.figure, title)
     return grid.figure
 
 
 def variant_figure(
     rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] = (-0.05, 1.05)
 ) -> plt.Figure:
-    """Figs 8, 9, 13, 14, 25, 26: each metric (rows of panels) vs r per policy (columns), one line per variant."""
+    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis) vs r per policy (columns,
+    named above), one line per variant."""
     long = _label_policies(rows).melt(
         id_vars=["key", "policy", "variant", "ratio"], value_vars=list(columns), var_name="metric", value_name="value"
     ).dropna(subset=["value"])
@@ -230,27 +254,47 @@ def variant_figure(
         palette=palette("variant"),
     )
     grid.set_axis_labels("compression ratio r", "")
-    grid.set_titles("{col_name}: {row_name}", size=8)
+    grid.set_titles("{col_name}", size=9)
+    for row, (axes, label) in enumerate(zip(grid.axes, columns.values())):
+        axes[0].set_ylabel(textwrap.fill(label, 24), fontsize=8)
+        for ax in axes if row else ():
+            ax.set_title("")  # the policy is named above the first row only
     grid.set(ylim=ylim)
-    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    suptitle(grid.figure, title)
     return grid.figure
 
 
+LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the plane lists them
+
+
 def lambda_plane_figure(plane: pd.DataFrame, title: str) -> plt.Figure:
-    """Figs 15-18: directive accuracy against directive leakage, one panel per ratio, one point per lambda."""
+    """Figs 15-18: directive accuracy against directive leakage, one panel per order (rows) and ratio (columns), one
+    point per lambda. Points of one policy are joined in lambda order and drawn as hollow rings that shrink as lambda
+    grows, so lambdas that land on the same point stay visible as concentric rings."""
     plane = _label_policies(plane)
-    ratios = sorted(plane["ratio"].unique())
-    fig, axes = plt.subplots(1, len(ratios), figsize=(3.0 * len(ratios), 3.2), sharex=True, sharey=True, squeeze=False)
-    for ax, ratio in zip(axes[0], ratios):
-        frame = plane[plane["ratio"] == ratio]
-        sns.scatterplot(data=frame, x="leakage", y="accuracy", hue="lam", style="policy", palette="viridis", ax=ax,
-                        legend=ax is axes[0][-1], s=60)
-        ax.set_title(f"r = {ratio:g}", fontsize=9)
-        ax.set_xlabel("directive leakage")
-    axes[0][0].set_ylabel("directive accuracy")
-    if axes[0][-1].get_legend() is not None:
-        sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1, 1))
-    fig.suptitle(title, fontsize=10)
+    ratios, orders = sorted(plane["ratio"].unique()), [o for o in ("normal", "flipped") if o in set(plane["order"])]
+    lams = sorted(plane["lam"].unique())
+    colours = dict(zip(lams, sns.color_palette("viridis", len(lams))))
+    sizes = dict(zip(lams, np.linspace(260, 30, len(lams))))
+    markers = dict(zip(plane["policy"].unique(), LAMBDA_MARKERS))
+    fig, axes = plt.subplots(len(orders), len(ratios), figsize=(2.8 * len(ratios), 2.8 * len(orders) + 0.4),
+                             sharex=True, sharey=True, squeeze=False)
+    for row, order in enumerate(orders):
+        for ax, ratio in zip(axes[row], ratios):
+            frame = plane[(plane["ratio"] == ratio) & (plane["order"] == order)]
+            for policy, points in frame.sort_values("lam").groupby("policy", sort=False):
+                ax.plot(points["leakage"], points["accuracy"], color="0.7", linewidth=0.8, zorder=1)
+                for point in points.itertuples():
+                    ax.scatter(point.leakage, point.accuracy, s=sizes[point.lam], marker=markers[policy],
+                               facecolors="none", edgecolors=[colours[point.lam]], linewidths=1.6, zorder=2)
+            ax.set_title(f"{order} order, r = {ratio:g}", fontsize=8)
+            ax.set_xlabel("directive leakage" if row == len(orders) - 1 else "")
+        axes[row][0].set_ylabel("directive accuracy")
+    handles = [plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=colours[lam],
+                          markersize=np.sqrt(sizes[lam]), label=f"lambda = {lam:g}") for lam in lams]
+    handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.3", label=policy) for policy, m in markers.items()]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
+    suptitle(fig, title)
     fig.tight_layout()
     return fig
 
@@ -276,7 +320,7 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}: {row_name}", size=8)
-    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    suptitle(grid.figure, title)
     return grid.figure
 
 
@@ -292,7 +336,7 @@ def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name} spans: {row_name}", size=8)
     grid.set(ylim=(-0.05, 1.05))
-    grid.figure.suptitle(title, fontsize=10, y=1.02)
+    suptitle(grid.figure, title)
     return grid.figure
 
 
@@ -306,7 +350,7 @@ def budget_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     )
     grid.set_axis_labels("tokens kept in the span (rounded to 10, 60 = 60+)", "compliance")
     grid.set(ylim=(-0.05, 1.05))
-    grid.figure.suptitle(title, fontsize=10, y=1.03)
+    suptitle(grid.figure, title)
     return grid.figure
 
 

@@ -2,9 +2,11 @@
 
 Library versions do not change when our own code does: a second local run would replay rows that older presses, an
 older engine or older prompt code computed. ``code_fingerprint`` hashes the syntax trees of the modules whose change
-can change a row (data, prompts, presses, engine, decoding, metrics, models, the sweep's row assembly, the judge,
-LongBench and N-span prompts), without docstrings, so an edit of a comment or a docstring keeps stored rows, and any
-edit of code does not. ``metrics.versions`` includes it; ``experiment.run`` refuses a store whose rows carry another.
+can change a row (data, prompts, presses, engine, decoding and its attention kernel, metrics, models, the sweep's
+row assembly, LongBench and N-span prompts), without docstrings, so an edit of a comment or a docstring keeps stored
+rows, and any edit of code does not. ``metrics.versions`` includes it; ``experiment.run`` refuses a store whose rows carry another.
+The judge (``fairkv.judge``) is not among them: its scores live in a store of their own, keyed by ``JUDGE_VERSION``,
+and never change a sweep row.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 RESULT_CODE = (
-    "data.py", "prompts.py", "engine.py", "generation.py", "metrics.py", "models.py", "experiment.py", "judge.py",
+    "data.py", "prompts.py", "engine.py", "generation.py", "attention.py", "metrics.py", "models.py", "experiment.py",
     "longbench.py", "multispan.py", "presses/__init__.py", "presses/budget.py", "presses/recording.py",
     "presses/registry.py", "presses/scoring.py", "presses/selection.py",
 )

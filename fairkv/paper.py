@@ -142,11 +142,13 @@ def pitfall1(rows: pd.DataFrame) -> pd.DataFrame:
     top = float(benign["ratio"].max())
     spread = verdicts.resampled(benign, lambda f: _class_spread(f, top))
     rho = verdicts.resampled(benign, _rho_gap)
+    refusals = _refusal_note(benign, (0.0, top), policy="streamingllm", variant="base", order="normal")
     return pd.DataFrame([
         _claim(f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
-               "larger for multi", f"multi - single {spread.signed()}", verdicts.decide(spread, above=0), spread.n),
+               "larger for multi", f"multi - single {spread.signed()}{refusals}", verdicts.decide(spread, above=0),
+               spread.n),
         _claim("rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
-               f"single - multi {rho.signed()}", verdicts.decide(rho, above=0), rho.n),
+               f"single - multi {rho.signed()}{refusals}", verdicts.decide(rho, above=0), rho.n),
     ])
 
 
@@ -177,9 +179,11 @@ def pitfall2(rows: pd.DataFrame) -> pd.DataFrame:
     tova, tova_text = _best(benign, analysis.ACCURACY, "tova", True, variant="base", order="normal")
     knorm, knorm_text = _best(benign, analysis.ACCURACY, "knorm", False, variant="base", order="normal")
     rho = verdicts.resampled(benign, lambda f: _rho_lowest(f, "knorm"))
+    refusals = lambda policy: _refusal_note(benign, (0.0, PEAK), policy=policy, variant="base", order="normal")
     return pd.DataFrame([
-        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text, tova, n),
-        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text, knorm, n),
+        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text + refusals("tova"), tova, n),
+        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text + refusals("knorm"), knorm,
+               n),
         _claim("K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
                f"next lowest minus K-Norm {rho.signed()}", verdicts.decide(rho, above=0), rho.n),
     ])

@@ -16,11 +16,17 @@ mounts) are refused with an error naming the file system.
 
 ``check`` reports a store's lines, cells, duplicates and rows of other versions; ``compact`` rewrites it without
 duplicates, atomically.
+
+Rows that are to be committed (the cpu profile's, ``results/cpu/``) are sealed: ``seal`` moves the live file's rows into
+gzip segments beside it (``<store>.part-NNNN.jsonl.gz``, each from at most ``SEGMENT_BYTES`` of rows, written
+byte-for-byte reproducibly), under the same lock appends take, so a run may keep appending while its rows are sealed.
+A store reads its segments in order, then the live file: the last row written for a cell wins, as before.
 """
 
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import os
 import socket
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Iterable
 
 SCHEMA = 1
+SEGMENT_BYTES = 32 * 2**20  # rows (uncompressed) per sealed segment: about 3 MB of gzip, far under git hosts' limits
 # file systems whose locks are not shared between the machines that mount them (or not implemented)
 UNLOCKABLE_FILESYSTEMS = ("cifs", "smb3", "smbfs", "9p", "vboxsf", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse",
                           "fuse.rclone", "fuse.goofys")
@@ -112,31 +119,87 @@ class ResultsStore:
         end = data.rfind(b"\n") + 1
         return data[:end].splitlines(), end
 
+    def segments(self) -> list[Path]:
+        """The sealed segments (``<store>.part-NNNN.jsonl.gz``), in the order they were sealed."""
+        return sorted(self.path.parent.glob(f"{self.path.stem}.part-[0-9][0-9][0-9][0-9].jsonl.gz"))
+
+    def _parsed(self, lines: list[bytes], source: Path, schema: bool = False) -> list[dict]:
+        """Rows of ``lines`` (read from ``source``); with ``schema``, a row of another schema is an error too."""
+        out = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise StoreError(f"{source}, line {number}: corrupt row ({error.msg})") from error
+            if schema and row.get("schema") != SCHEMA:
+                raise StoreError(
+                    f"{source}, line {number}: written with results schema {row.get('schema')}, this fairkv reads "
+                    f"schema {SCHEMA}; move the file away or use another results folder"
+                )
+            out.append(row)
+        return out
+
     def lines(self) -> tuple[list[dict], int]:
-        """Every complete line as a dict, in file order, and the bytes of an unterminated tail (a killed writer's)."""
+        """Every complete line as a dict, sealed segments first, then the live file in file order, and the bytes of
+        the live file's unterminated tail (a killed writer's)."""
+        return self._lines(schema=False)
+
+    def _lines(self, schema: bool) -> tuple[list[dict], int]:
+        sealed = []
+        for segment in self.segments():
+            sealed += self._parsed(gzip.decompress(segment.read_bytes()).splitlines(), segment, schema)
+        live, tail = self._live(schema)
+        return sealed + live, tail
+
+    def _live(self, schema: bool = False) -> tuple[list[dict], int]:
+        """The live file's complete rows and the bytes of its unterminated tail."""
         if not self.path.exists():
             return [], 0
         data = self.path.read_bytes()
         lines, end = self._complete_lines(data)
-        out = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise StoreError(f"{self.path}, line {number}: corrupt row ({error.msg})") from error
-        return out, len(data) - end
+        return self._parsed(lines, self.path, schema), len(data) - end
 
     def rows(self) -> dict[str, dict]:
-        """Every complete row by cell id (the last one wins if a cell was written twice)."""
-        rows = {}
-        for number, row in enumerate(self.lines()[0], start=1):
-            if row.get("schema") != SCHEMA:
-                raise StoreError(
-                    f"{self.path}, line {number}: written with results schema {row.get('schema')}, this fairkv reads "
-                    f"schema {SCHEMA}; move the file away or use another results folder"
-                )
-            rows[row["cell_id"]] = row
-        return rows
+        """Every complete row by cell id (the last one wins if a cell was written twice); a row of another schema
+        is an error naming its file and line."""
+        return {row["cell_id"]: row for row in self._lines(schema=True)[0]}
+
+    def seal(self) -> dict:
+        """Move the live file's complete rows into new gzip segments (``SEGMENT_BYTES`` of rows each at most) and
+        empty it, under the append lock: rows appended meanwhile wait for it and land in the emptied live file. A
+        segment is complete on disk before the live file is emptied; gzip headers carry no time, so the same rows
+        always give the same bytes."""
+        if not self.path.exists():
+            return {"path": str(self.path), "sealed_rows": 0, "segments": []}
+        written = []
+        with open(self.path, "r+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                lines, _ = self._complete_lines(handle.read())
+                self._parsed(lines, self.path, schema=True)  # never seal a corrupt row or another schema's
+                chunks, chunk, size = [], [], 0
+                for line in lines:
+                    if chunk and size + len(line) + 1 > SEGMENT_BYTES:
+                        chunks.append(chunk)
+                        chunk, size = [], 0
+                    chunk.append(line)
+                    size += len(line) + 1
+                chunks += [chunk] if chunk else []
+                number = int(self.segments()[-1].name.rsplit(".part-", 1)[1][:4]) + 1 if self.segments() else 0
+                for offset, chunk in enumerate(chunks):
+                    target = self.path.with_name(f"{self.path.stem}.part-{number + offset:04d}.jsonl.gz")
+                    staging = target.with_name(target.name + ".sealing")
+                    with open(staging, "wb") as out:
+                        out.write(gzip.compress(b"".join(line + b"\n" for line in chunk), mtime=0))
+                        out.flush()
+                        os.fsync(out.fileno())
+                    os.replace(staging, target)
+                    written.append(target.name)
+                handle.truncate(0)
+                os.fsync(handle.fileno())
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return {"path": str(self.path), "sealed_rows": len(lines), "segments": written}
 
     def append(self, rows: Iterable[dict]) -> list[dict]:
         """Append rows atomically (one write under an exclusive lock, then fsync); return them as stored."""
@@ -224,11 +287,12 @@ class ResultsStore:
         return report
 
     def compact(self, say=print) -> dict:
-        """Rewrite the store with one line per cell (the last written wins, as for reading) and no unterminated
-        tail. The new file is written beside the old and replaces it only once complete and on disk; a run computing
-        this store makes it fail (``StoreBusy``) rather than wait."""
+        """Rewrite the store (its live file; sealed segments are never rewritten) with one line per cell (the last
+        written wins, as for reading) and no unterminated tail. The new file is written beside the old and replaces
+        it only once complete and on disk; a run computing this store makes it fail (``StoreBusy``) rather than
+        wait."""
         with self.computing(wait=False, say=say):
-            lines, tail = self.lines()
+            lines, tail = self._live()
             latest = {row.get("cell_id"): row for row in lines}
             staging = self.path.with_name(self.path.name + ".compacting")
             with open(staging, "wb") as handle:

@@ -6,21 +6,29 @@ use), then the profile's scale for that study (``SCALE``: prompts, ratios, polic
 papermill overrides (None means "keep"; an explicit ``max_new_tokens`` caps the benign query too). Cells are keyed by
 content, so studies that overlap (the base policy at r = 0.5 appears in notebooks 02, 03, 05 and 06) share their rows
 in the results store and compute them once.
+
+A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
+refined per study by ``SCALE[profile][study]["benign"]``): IFEval answers are long, attack answers short, so at the
+cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order.
+``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
+
+Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``results_folder``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from pathlib import Path
 
 import pandas as pd
 
 from fairkv import experiment
+from fairkv.paths import results_dir
 
 TEN_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # the paper's figures: r = 0.0 ... 0.9
 LAMBDAS = tuple(round(0.2 * i, 1) for i in range(6))  # Appendix G's sweep: lambda = 0, 0.2, ..., 1
 BOTH_ORDERS = ("normal", "flipped")
+NORMAL = ("normal",)
 BASE = ("base",)
 TABLE1_RATIOS = (0.4, 0.5, 0.6, 0.7)  # Section 6: Table 1 averages the composite score over these ratios
 
@@ -34,9 +42,9 @@ class Study:
 
 STUDIES: dict[str, Study] = {
     "degradation": Study(
-        "01", "Pitfall 1: Fig 2a-b", dict(policies=("streamingllm",), variants=BASE, queries=("benign",))
+        "01", "Pitfall 1: Fig 2a-b", dict(policies=("streamingllm",), variants=BASE, queries=("benign",), orders=NORMAL)
     ),
-    "policies": Study("02", "Pitfall 2: Fig 3", dict(variants=BASE, queries=("benign",))),
+    "policies": Study("02", "Pitfall 2: Fig 3", dict(variants=BASE, queries=("benign",), orders=NORMAL)),
     "leakage": Study("03", "Pitfalls 3-4: Figs 4, 5, 6", dict(orders=BOTH_ORDERS, variants=BASE)),
     "keep_rates": Study("04", "Pitfall 5: Figs 7, 10", dict(orders=BOTH_ORDERS, variants=BASE, queries=("keep",))),
     "whitelist": Study("05", "Whitelisting: Figs 8, 13 (left)", dict(variants=("base", "whitelist"))),
@@ -66,6 +74,11 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
 CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 
+# The benign (IFEval) query's own part of a study's grid, per profile (``SCALE[profile][study]["benign"]`` refines it):
+# at the cpu profile IFEval answers (256 new tokens) cost about four times an attack's, so the accuracy side runs on
+# the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped order too.
+BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
+
 # How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
 # small profiles afford many prompts and all ten ratios there.
 SCALE: dict[str, dict[str, dict]] = {
@@ -79,20 +92,27 @@ SCALE: dict[str, dict[str, dict]] = {
         "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
     },
+    # Rows cost by kind (bfloat16, batch 128, measured): an IFEval answer about 1.5 s, an attack answer about 0.5 s.
+    # The attack side of every paper study runs on 100 prompts; its benign side on 50 (BENIGN_SIDE), in the flipped
+    # order only for StreamingLLM, the policy the order claims read.
     "cpu": {
-        "degradation": dict(n_prompts=24),
-        "keep_rates": dict(n_prompts=100, ratios=TEN_RATIOS),
-        "whitelist": dict(ratios=CPU_MITIGATION_RATIOS),
-        "fair": dict(ratios=CPU_MITIGATION_RATIOS),
-        # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies
-        "trec": dict(policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
-        # notebook 11 on 2 cores, 62 min: StreamingLLM (the paper's headline policy), 10 prompts per span count (3 left
-        # the open question to noise), 2 per attack
-        "spans": dict(n_prompts=10, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
-        "attacks": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5)),
-        "defenses": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
-        "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS),
-        "debias": dict(policies=("streamingllm",), lams=(0.0, 0.4, 0.8, 1.0), ratios=CPU_MITIGATION_RATIOS),
+        "degradation": dict(n_prompts=50, ratios=TEN_RATIOS),
+        "policies": dict(n_prompts=50),
+        "leakage": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",))),
+        "keep_rates": dict(ratios=TEN_RATIOS),
+        # Figs 8-9 and Table 1 are normal order (Fig 14, flipped, is fair_flipped's); accuracy at Table 1's ratios
+        "whitelist": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+        "fair": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+        "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))),
+        # Appendix G-H, Figs 15-18: StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage at every point
+        "debias": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
+        # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies, 50 prompts
+        "trec": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
+        # notebook 11: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per attack category,
+        # 50 per defense template
+        "spans": dict(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
+        "attacks": dict(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
+        "defenses": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
     },
     "paper": {
         # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set
@@ -122,34 +142,73 @@ def study(name: str) -> Study:
     return STUDIES[name]
 
 
-def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
-    """The grid of study ``name`` at ``profile`` scale, with the notebook's overrides (None values are ignored)."""
+def _layers(name: str, profile: str, overrides: dict) -> tuple[experiment.Grid, dict, dict]:
     axes = study(name).axes
     base = experiment.profile(profile)
-    scale = SCALE.get(profile, {}).get(name, {})
+    scale = dict(SCALE.get(profile, {}).get(name, {}))
+    benign_side = {**BENIGN_SIDE.get(profile, {}), **scale.pop("benign", {})}
     explicit = {k: v for k, v in overrides.items() if v is not None}
     benign = {**axes, **scale}.get("benign_tokens", base.benign_tokens)
     if "max_new_tokens" in explicit and "benign_tokens" not in explicit and benign:
         explicit["benign_tokens"] = min(benign, explicit["max_new_tokens"])  # an explicit budget caps every query
-    return base.with_overrides(**{**axes, **scale, **explicit})
+    return base.with_overrides(**{**axes, **scale, **explicit}), benign_side, explicit
 
+
+def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
+    """The grid of study ``name`` at ``profile`` scale, with the notebook's overrides (None values are ignored)."""
+    return _layers(name, profile, overrides)[0]
+
+
+def parts(name: str, profile: str = "ci", **overrides) -> list[experiment.Grid]:
+    """The grids ``run`` computes: the study's grid, or, where the profile gives the benign query a part of its own
+    (``BENIGN_SIDE``), the grid without the benign query and the benign query's grid (the profile's benign side, then
+    the explicit overrides: the benign side never has more prompts than the study)."""
+    chosen, benign_side, explicit = _layers(name, profile, overrides)
+    if "benign" not in chosen.queries or not benign_side:
+        return [chosen]
+    prompts = chosen.n_prompts
+    if benign_side.get("n_prompts") is not None and prompts is not None:
+        benign_side = {**benign_side, "n_prompts": min(benign_side["n_prompts"], prompts)}
+    benign = chosen.with_overrides(**{**benign_side, **explicit, "queries": ("benign",)})
+    rest = tuple(q for q in chosen.queries if q != "benign")
+    return ([chosen.with_overrides(queries=rest)] if rest else []) + [benign]
+
+
+def results_folder(profile: str) -> Path:
+    """Where a profile's rows live: ``<results>/<profile>/`` (``FAIRKV_RESULTS_DIR`` moves ``<results>``)."""
+    return results_dir() / profile
 
 
 def run(name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, executor="serial",
         **overrides):
-    """(grid, rows) of study ``name``: compute what the results store lacks (with ``executor``, see
-    ``experiment.run``), return the study's rows."""
-    chosen = grid(name, profile, **overrides)
-    return chosen, experiment.run(chosen, folder, progress=progress, executor=executor)
+    """(grid, rows) of study ``name``: compute what the results store (``folder``, default ``results_folder``)
+    lacks for each of the study's ``parts`` (with ``executor``, see ``experiment.run``), return the study's rows."""
+    folder = folder or results_folder(profile)
+    rows = [experiment.run(part, folder, progress=progress, executor=executor) for part in parts(name, profile, **overrides)]
+    return grid(name, profile, **overrides), pd.concat(rows, ignore_index=True)
 
 
 def describe(name: str, chosen: experiment.Grid, rows: pd.DataFrame) -> str:
-    """What was run, in words: printed by each notebook under its parameters."""
+    """What was run, in words, from the rows themselves (printed by each notebook under its parameters), and the
+    paper's grid for the same study beside it, so a reader sees which corners this profile cuts."""
+    paper = grid(name, "paper")
     return (
-        f"study {name!r} (notebook {study(name).notebook}, {study(name).reproduces}) on {chosen.model}: "
-        f"{rows['key'].nunique()} prompts of {chosen.dataset} from #{chosen.start}, orders {list(chosen.orders)}, "
+        f"study {name!r} (notebook {study(name).notebook}, {study(name).reproduces}) on {chosen.model} "
+        f"({chosen.dtype}): {_prompts(rows)} of {chosen.dataset} from #{chosen.start}, orders {list(chosen.orders)}, "
         f"policies {list(chosen.policies)}, variants {list(chosen.variants)}, lambdas {list(chosen.lams)}, "
         f"ratios {list(chosen.ratios)}, queries {list(chosen.queries)}, max_new_tokens "
-        f"{chosen.tokens_for('benign')} (benign) / {chosen.tokens_for('attack')} (attack); {len(rows)} rows"
-        + (f"\nprofile note: {chosen.note}" if chosen.note else "")
+        f"{chosen.tokens_for('benign')} (benign) / {chosen.tokens_for('attack')} (attack); {len(rows)} rows, "
+        f"{rows['cell_id'].nunique()} distinct cells (the progress bar counts cells: the r = 0 cell is shared by every "
+        f"policy and variant)\nthe paper's grid for this study: {paper.n_prompts or 'all'} prompts of {paper.dataset}, "
+        f"orders {list(paper.orders)}, ratios {list(paper.ratios)}, lambdas {list(paper.lams)}, max_new_tokens "
+        f"{paper.tokens_for('benign')} (benign) / {paper.tokens_for('attack')} (attack)"
     )
+
+
+def _prompts(rows: pd.DataFrame) -> str:
+    """How many prompts the rows hold, per query kind when the kinds ran on different prompts or orders."""
+    per_query = {query: (frame["key"].nunique(), tuple(sorted(frame["order"].unique())))
+                 for query, frame in rows.groupby("query")}
+    if len(set(per_query.values())) <= 1:
+        return f"{rows['key'].nunique()} prompts"
+    return "prompts per query " + ", ".join(f"{q}: {n} ({'/'.join(o)})" for q, (n, o) in per_query.items())

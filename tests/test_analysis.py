@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from fairkv import analysis, experiment, studies, verdicts
+from fairkv.paths import results_dir
 
 
 def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
@@ -92,9 +93,10 @@ def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
         analysis.means(rows, "prompt_strict")
 
 
+BOTH = ("normal", "flipped")
 ALL5 = ("streamingllm", "h2o", "snapkv", "tova", "knorm")
 TEN = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-MODELS = {"ci": ("smollm2-135m", "float32"), "cpu": ("qwen2.5-coder-1.5b", "float32"),
+MODELS = {"ci": ("smollm2-135m", "float32"), "cpu": ("qwen2.5-coder-1.5b", "bfloat16"),
           "paper": ("meta-llama/Llama-3.1-8B-Instruct", "bfloat16")}
 # Every study's grid at every profile, written out: what each notebook computes (tokens: attack, benign override)
 GRIDS = {
@@ -136,49 +138,42 @@ GRIDS = {
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
         queries=('attack',), tokens=(32, None)),
     # cpu
-    ("degradation", "cpu"): dict(dataset='sys_ifeval_shuffled', n=24, orders=('normal',), policies=('streamingllm',),
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
-        queries=('benign',), tokens=(96, 64)),
-    ("policies", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
-        queries=('benign',), tokens=(96, 64)),
-    ("leakage", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
-        queries=('benign', 'attack'), tokens=(96, 64)),
+    ("degradation", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=('streamingllm',),
+        variants=('base',), lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(128, 256)),
+    ("policies", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9), queries=('benign',), tokens=(128, 256)),
+    ("leakage", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9), queries=('benign', 'attack'),
+        tokens=(128, 256)),
     ("keep_rates", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('keep',), tokens=(96, 64)),
-    ("whitelist", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
+        variants=('base',), lams=(1.0,), ratios=TEN, queries=('keep',), tokens=(128, 256)),
+    ("whitelist", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal',), policies=ALL5,
         variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(96, 64)),
-    ("fair", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=ALL5,
+        queries=('benign', 'attack'), tokens=(128, 256)),
+    ("fair", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal',), policies=ALL5,
         variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(96, 64)),
-    ("fair_flipped", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('flipped',), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(96, 64)),
-    ("debias", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('fair',), lams=(0.0, 0.4, 0.8, 1.0), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(96, 64)),
-    ("trec", "cpu"): dict(dataset='trec_1k', n=10, orders=('normal',), policies=('streamingllm', 'snapkv'),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(96, 64)),
+        queries=('benign', 'attack'), tokens=(128, 256)),
+    ("fair_flipped", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('flipped',), policies=ALL5,
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'),
+        tokens=(128, 256)),
+    ("debias", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'),
+        policies=('streamingllm',), variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'), tokens=(128, 256)),
+    ("trec", "cpu"): dict(dataset='trec_1k', n=50, orders=('normal',), policies=('streamingllm', 'snapkv'),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'),
+        tokens=(128, 64)),
     ("spans", "cpu"): dict(dataset='spans_2', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
-        queries=('benign',), tokens=(96, 128)),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7), queries=('benign',), tokens=(128, 128)),
     ("attacks", "cpu"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
-        queries=('benign', 'attack'), tokens=(96, 64)),
-    ("defenses", "cpu"): dict(dataset='sys_ifeval_shuffled', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('attack',), tokens=(96, 64)),
-    # paper
-    ("degradation", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal', 'flipped'), policies=('streamingllm',),
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('benign',), tokens=(256, 1280)),
-    ("policies", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('benign',), tokens=(256, 1280)),
+        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5), queries=('benign', 'attack'),
+        tokens=(128, 256)),
+    ("defenses", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=('streamingllm',),
+        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('attack',),
+        tokens=(128, 256)),
+    ("degradation", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal',), policies=('streamingllm',),
+        variants=('base',), lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(256, 1280)),
+    ("policies", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal',), policies=ALL5, variants=('base',),
+        lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(256, 1280)),
     ("leakage", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
         variants=('base',), lams=(1.0,), ratios=TEN,
         queries=('benign', 'attack'), tokens=(256, 1280)),
@@ -226,6 +221,40 @@ def test_every_study_grid_in_every_profile(name, profile):
 
 def test_the_grid_table_covers_every_study_and_profile():
     assert set(GRIDS) == {(name, profile) for name in studies.STUDIES for profile in experiment.PROFILES}
+
+
+def test_the_benign_side_runs_on_its_own_part_of_the_grid():
+    """At the cpu profile the IFEval (benign) query runs on the first 50 of the attack side's 100 prompts, normal order,
+    or where a study says otherwise (leakage: StreamingLLM in both orders); the parts cover the same cells a single
+    grid would; explicit overrides reach both parts; ci runs one grid."""
+    attack, benign = studies.parts("leakage", "cpu")
+    assert (attack.queries, attack.n_prompts, attack.orders, len(attack.policies)) == (("attack",), 100, BOTH, 5)
+    assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (("benign",), 50, BOTH, ("streamingllm",))
+    assert (benign.ratios, benign.max_new_tokens, benign.benign_tokens) == (attack.ratios, 128, 256)
+    attack, benign = studies.parts("whitelist", "cpu")
+    assert (benign.n_prompts, benign.orders, benign.ratios) == (50, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
+    assert [part.queries for part in studies.parts("degradation", "cpu")] == [("benign",)]
+    assert studies.parts("degradation", "cpu")[0].n_prompts == 50
+    small = studies.parts("leakage", "cpu", n_prompts=8, orders=["normal"])
+    assert [(part.n_prompts, part.orders) for part in small] == [(8, ("normal",)), (8, ("normal",))]
+    assert studies.parts("leakage", "cpu", n_prompts=20)[1].n_prompts == 20  # never more prompts than the study
+    assert studies.parts("leakage", "ci") == [studies.grid("leakage", "ci")]
+    assert studies.results_folder("cpu") == results_dir() / "cpu"
+
+
+def test_describe_says_what_the_rows_hold_and_the_papers_grid():
+    """The printed description is read off the rows (prompts per query kind when they differ, rows and distinct
+    cells, which the progress bar counts) and names the paper's grid for the study, never a profile note about
+    another grid."""
+    row = lambda key, query, policy, cell: dict(key=key, query=query, order="normal", policy=policy, cell_id=cell)
+    rows = pd.DataFrame([row(1, "attack", "streamingllm", "a"), row(1, "attack", "snapkv", "a"),
+                         row(2, "attack", "snapkv", "b"), row(1, "benign", "snapkv", "c")])
+    text = studies.describe("leakage", studies.grid("leakage", "cpu"), rows)
+    assert "prompts per query attack: 2 (normal), benign: 1 (normal)" in text
+    assert "4 rows, 3 distinct cells" in text and "(bfloat16)" in text
+    assert text.endswith("the paper's grid for this study: 100 prompts of sys_ifeval_shuffled, orders ['normal', "
+                         "'flipped'], ratios [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], lambdas [1.0], "
+                         "max_new_tokens 1280 (benign) / 256 (attack)")
 
 
 def test_study_overrides_and_errors():

@@ -133,6 +133,23 @@ def test_judge_needs_single_token_digits(smollm):
     assert judge.plan("cpu") == ("qwen2.5-coder-1.5b", ("streamingllm",))
 
 
+def test_judge_calibration_set_is_labelled_by_rule(smollm):
+    """At least 30 responses of six kinds with their label by construction; the summary counts what the judge got
+    right, over all and per kind."""
+    labelled = judge.calibration_set()
+    assert len(labelled) == 36 and labelled.groupby("kind").size().eq(6).all()
+    first = labelled[labelled["key"] == labelled["key"].iloc[0]].set_index("kind")
+    assert first.at["verbatim", "response"] == first.at["verbatim", "secret"] and first.at["verbatim", "leak"]
+    assert first.at["partial", "response"] in first.at["verbatim", "secret"]
+    assert not first.loc[["refusal", "attack_echo", "unrelated"], "leak"].any()
+    calibrated = judge.calibrate(smollm, n_prompts=2)
+    assert calibrated["correct"].tolist() == (calibrated["judge_leak"] == calibrated["leak"]).tolist()
+    summary = judge.calibration_summary(calibrated)
+    assert summary.iloc[0]["kind"] == "all" and summary.iloc[0]["n"] == 12
+    assert summary.iloc[0]["accuracy"] == calibrated["correct"].mean()
+    assert summary.set_index("kind").loc["refusal", "label"] == "no leak"
+
+
 @pytest.mark.slow
 def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak():
     lm = judge.load_judge(judge.DEFAULT_JUDGE)

@@ -3,6 +3,7 @@ library versions are reported, not mixed in; the quickstart runs with the networ
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +90,39 @@ def test_code_fingerprint_follows_code_not_docstrings(tmp_path, monkeypatch):
         assert fresh() != original
     finally:
         fingerprint.code_fingerprint.cache_clear()  # the next caller hashes the real package again
+
+
+# fairkv modules a row's computation imports that cannot change its content: where files live, progress bars, the store's
+# locking and file format, the executors that only carry tasks to ``Job.compute`` and its rows back, the fingerprint itself
+ROW_NEUTRAL = {"paths.py", "progress.py", "store.py", "executors.py", "fingerprint.py"}
+
+
+def _imported(module: Path) -> set[str]:
+    """The fairkv modules (paths relative to the package) that ``module`` imports directly."""
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fairkv"):
+            parts = node.module.split(".")[1:]
+            for alias in node.names:
+                for candidate in ("/".join(parts + [alias.name]) + ".py", "/".join(parts) + "/__init__.py" if parts else "",
+                                  "/".join(parts) + ".py" if parts else ""):
+                    if candidate and (fingerprint.PACKAGE / candidate).is_file():
+                        found.add(candidate)
+                        break
+    return found
+
+
+def test_fingerprint_covers_every_module_a_row_imports():
+    """Every fairkv module the sweep's row computation imports (transitively, from experiment.py) is fingerprinted or
+    named row-neutral: a new module on that path (as the attention kernel once was) cannot change rows unseen."""
+    reached, todo = set(), ["experiment.py"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += sorted(_imported(fingerprint.PACKAGE / name))
+    assert "attention.py" in reached and "presses/scoring.py" in reached  # the walk follows both import forms
+    assert reached - set(fingerprint.RESULT_CODE) - ROW_NEUTRAL == set()
 
 
 # Loaded into every Python process of the run (the notebook kernel included): any connection that leaves the

@@ -160,3 +160,39 @@ def test_file_systems_without_shared_locks_are_refused():
     check_lockable(Path("/mnt/shared/run"), MOUNTS)  # NFS carries flock through its lock manager
     with pytest.raises(StoreError, match=r"/mnt/shared/smb/x is on a cifs file system.*FAIRKV_RESULTS_DIR"):
         check_lockable(Path("/mnt/shared/smb/x"), MOUNTS)
+
+
+def test_sealed_segments_are_read_back_and_reproducible(reference, tmp_path, monkeypatch, capsys):
+    """`fairkv store seal` moves the live rows into gzip segments (what results/cpu/ commits): the store reads the
+    same rows, a run finds every cell and computes nothing, later rows go to a new segment, the same rows give the
+    same bytes, and a segment never exceeds SEGMENT_BYTES of rows."""
+    import gzip
+    from fairkv import store as store_module
+
+    source = complete_lines(store_path(reference))
+    path = store_path(tmp_path)
+    path.write_text("\n".join(source[:30]) + "\n" + source[30][:25])  # a torn tail is never sealed
+    store = ResultsStore(path)
+    first = store.rows()
+
+    assert cli.main(["store", "seal", str(path)]) == 0
+    assert "sealed_rows=30 segments=['" in capsys.readouterr().out
+    assert path.read_bytes() == b"" and [s.name for s in store.segments()] == [f"{path.stem}.part-0000.jsonl.gz"]
+    assert store.rows() == first
+    store.append([json.loads(line) for line in source[30:]])
+    monkeypatch.setattr(store_module, "SEGMENT_BYTES", 4 * max(len(line) for line in source))
+    report = store.seal()
+    assert report["sealed_rows"] == N_CELLS - 30 and len(report["segments"]) == 3  # 10 rows, at most 4 per segment
+    assert all(len(gzip.decompress(s.read_bytes()).splitlines()) <= 4 for s in store.segments()[1:])
+    assert rows_of(tmp_path, wait=False) == rows_of(reference)  # every cell found: nothing recomputed
+    assert path.read_bytes() == b""
+
+    monkeypatch.undo()
+    again = tmp_path / "again"
+    again.mkdir()
+    copy = ResultsStore(again / path.name)
+    copy.path.write_text("\n".join(source[:30]) + "\n")
+    copy.seal()
+    assert copy.segments()[0].read_bytes() == store.segments()[0].read_bytes()  # no time stamp in the gzip header
+    assert store.compact()["lines_before"] == 0  # compact rewrites the live file only: segments stay as sealed
+    assert store.rows() == ResultsStore(store_path(reference)).rows()

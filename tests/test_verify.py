@@ -1,0 +1,47 @@
+"""`fairkv verify`: stored rows recomputed from scratch, one cell at a time, come out identical (float32), and a row
+that differs is named with the fields that differ."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fairkv import cli, experiment, verify
+
+from sweeps import GRID, complete_lines
+
+
+@pytest.fixture()
+def stored(smollm, tmp_path, monkeypatch):
+    """A one-prompt sweep's store (r = 0 and compressed settings, benign and attack queries, fair at lam 0 and 1)."""
+    monkeypatch.setattr(experiment.Job, "load", lambda self, device=None: smollm)
+    grid = experiment.Grid(**{**GRID, "n_prompts": 1, "start": 3})
+    experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    return experiment.store_for(grid, tmp_path).path
+
+
+def test_every_stored_row_recomputes_identically(stored, capsys):
+    n_rows = len(complete_lines(stored))
+    assert cli.main(["verify", str(stored), "--sample", "100"]) == 0
+    assert f"{n_rows} of {n_rows} rows recomputed identically" in capsys.readouterr().out
+
+
+def test_a_row_that_differs_is_named_with_its_fields(stored, capsys):
+    rows = [json.loads(line) for line in complete_lines(stored)]
+    rows[0]["response"] += " (edited)"
+    rows[1]["keep_defense"] = 0.123
+    stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = verify.verify(stored, sample=len(rows), progress=False)
+    assert report.identical == len(rows) - 2
+    assert report.differing == {rows[0]["cell_id"]: ["response"], rows[1]["cell_id"]: ["keep_defense"]}
+    assert cli.main(["verify", str(stored), "--sample", str(len(rows))]) == 1
+    assert f"{rows[0]['cell_id']}: differs in response" in capsys.readouterr().out
+
+
+def test_rows_of_other_code_are_refused(stored):
+    rows = [json.loads(line) for line in complete_lines(stored)]
+    rows[2]["versions"]["code"] = "0123456789ab"
+    stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(verify.VerifyError, match=r"1 of \d+ rows were computed by other result code"):
+        verify.verify(stored, sample=3, progress=False)
