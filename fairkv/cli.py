@@ -17,14 +17,17 @@ import time
 from pathlib import Path
 
 import papermill
+import torch
 import yaml
 from traitlets.config import Config
 
 from fairkv import audit, figures, metrics, models, paper, progress, verify
 from fairkv.paths import REPO_ROOT, reports_dir, results_dir
+from fairkv.presses import POLICIES, PolicyError, get_policy
 from fairkv.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
+AUDIT_MODEL = "qwen2.5-coder-1.5b"
 # Wall minutes measured on this repository's 2-core machine (empty results store): per notebook for ci (executed one
 # after another with the running decode batch), per group of notebooks for cpu (timed together in earlier sessions, before the running decode batch and the
 # ratios 0.4 / 0.6 of the mitigation studies; the next cpu run re-measures them).
@@ -96,18 +99,33 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("reproduce", help="execute the numbered notebooks with papermill")
     run.add_argument("notebooks", nargs="*", help="notebook number prefixes, e.g. 00 03 (default: all)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-    check = commands.add_parser("audit", help="audit your own system prompt: keep rates, leakage, compliance vs r")
+    check = commands.add_parser("audit", help="audit your own system prompt: keep rates, leakage, compliance vs r",
+                                epilog="exit status: 0 audited, 1 spans not confirmed, 3 a leak with --fail-on-leak")
     check.add_argument("prompt", help="text file: spans marked by '## <name>' lines, or split automatically")
-    check.add_argument("--model", default=models.DEFAULT_MODEL)
-    check.add_argument("--policy", default="streamingllm")
+    check.add_argument("--model", default=AUDIT_MODEL, help=f"default {AUDIT_MODEL}: it follows instructions and "
+                                                            "defenses (SmolLM2, smollm2-135m, hardly does)")
+    check.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                       help="bfloat16 (default) gives the same refusals as float32 at a third of its time here "
+                            "(benchmarks/precision_gate.py)")
+    check.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY",
+                       help=f"policies to compare (default: all five, {' '.join(POLICIES)})")
     check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
     check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
-    check.add_argument("--query", help="a benign user query; needed to check compliance of spans with check=")
-    check.add_argument("--attacks", type=int, default=6, help="how many RaccoonBench attacks (the paper's first)")
+    check.add_argument("--query", action="append", default=[], metavar="TEXT",
+                       help="a benign user query (repeatable); needed to check compliance of spans with check=")
+    check.add_argument("--queries-file", help="benign queries, one per line or JSONL with a 'text' field")
+    check.add_argument("--attacks", type=int, default=6, metavar="N",
+                       help="how many RaccoonBench attacks (the paper's, then one per category; 0: none)")
+    check.add_argument("--attacks-file", help="your own attacks, one per line or JSONL with a 'text' field (run "
+                                              "beside the --attacks N RaccoonBench ones; --attacks 0 for yours only)")
     check.add_argument("--secret", action="append", default=[], metavar="TEXT",
                        help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')")
     check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
     check.add_argument("--max-new-tokens", type=int, default=64)
+    check.add_argument("--batch-size", type=int, default=64, help="answers decoded at once")
+    check.add_argument("--fail-on-leak", action="store_true",
+                       help="exit with status 3 when any audited cell (up to --max-ratio) leaks: for CI")
+    check.add_argument("--max-ratio", type=float, help="with --fail-on-leak: only cells at r <= this count")
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
     stores = commands.add_parser("store", help="check a results store, rewrite it without duplicates, or seal its rows "
@@ -167,24 +185,44 @@ def run_verify(paths: list[Path], sample: int, seed: int) -> int:
 
 
 def run_audit(args) -> int:
-    """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict."""
+    """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict; with
+    --fail-on-leak, exit status 3 when a cell up to --max-ratio leaks."""
     try:
         secrets = {f"secret{i}": text for i, text in enumerate(args.secret, start=1)}
-        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), args.query, args.defense, secrets)
-    except (OSError, audit.AuditError) as error:
+        queries = args.query + (audit.read_lines_or_jsonl(args.queries_file, "queries") if args.queries_file else [])
+        attacks = audit.default_attacks(args.attacks) + (
+            audit.read_lines_or_jsonl(args.attacks_file, "attacks") if args.attacks_file else [])
+        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), queries, args.defense, secrets)
+        if not attacks:
+            raise audit.AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
+        for policy in args.policies:
+            get_policy(policy)
+    except (OSError, audit.AuditError, PolicyError) as error:
         raise SystemExit(f"fairkv audit: {error}") from error
     print(f"spans of {args.prompt}:\n{spec.describe()}")
     if not args.yes and input("audit these spans? [y/N] ").strip().lower() not in ("y", "yes"):
         print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
         return 1
-    lm = models.load_model(args.model)
-    result = audit.run(spec, lm, args.policy, args.ratios, audit.default_attacks(args.attacks),
-                       max_new_tokens=args.max_new_tokens)
+    lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
+    cells = len(args.policies) * 3 * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
+    print(f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
+          f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model}", flush=True)
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fairkv-audit-") as scratch, progress.Monitor(Path(scratch) / "state"):
+        result = audit.run(spec, lm, args.policies, args.ratios, attacks, max_new_tokens=args.max_new_tokens,
+                           batch_size=args.batch_size)
     result.show_secrets = args.show_secrets
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"report: {result.to_html(out / 'report.html')} and {result.to_json(out / 'report.json')}")
+    print(f"audited in {progress.duration(time.monotonic() - began)}; report: {result.to_html(out / 'report.html')} "
+          f"and {result.to_json(out / 'report.json')}")
     print(result.verdict())
+    leaking = result.leaking_cells(args.max_ratio)
+    if args.fail_on_leak and not leaking.empty:
+        cells = "; ".join(f"{c.policy} {c.variant} r = {c.ratio:g}: {c.leak_rate:.0%}" for c in leaking.itertuples())
+        bound = "" if args.max_ratio is None else f" at r <= {args.max_ratio:g}"
+        print(f"fail on leak: {len(leaking)} cell(s) leak{bound}: {cells}")
+        return 3
     return 0
 
 
