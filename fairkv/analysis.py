@@ -21,11 +21,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal, proportion_ci
-from fairkv.verdicts import bootstrap_ci
+from fairkv import verdicts
+from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
-BINARY = {"prompt_strict", "prompt_loose", "refused", "leaked", "benign_refused"}  # 0/1 per prompt: Wilson intervals
 ACCURACY, LEAKAGE = "prompt_strict", "leak_directive"  # the paper's directive accuracy and directive leakage
 
 
@@ -50,19 +49,17 @@ def with_benign_refusals(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.DataFrame:
-    """Mean of ``metric`` per setting (``by``, default SETTING) over prompts, with n and a 95% interval."""
+    """Mean of ``metric`` per setting (``by``, default SETTING) over prompts, with n and a 95% interval, the
+    claims' own (``verdicts.mean``: Wilson for 0/1 values, else a seeded percentile bootstrap)."""
     by = by or SETTING
     picked = rows.dropna(subset=[metric]) if metric in rows else rows.iloc[:0]
     if picked.empty:
         raise AnalysisError(f"no rows carry {metric!r}")
     out = []
     for key, group in picked.groupby(by, sort=True):
-        values = group[metric].to_numpy(dtype=float)
-        if metric in BINARY:
-            low, high = proportion_ci(int(values.sum()), len(values))
-        else:
-            low, high = bootstrap_ci(values)
-        out.append({**dict(zip(by, key)), "mean": values.mean(), "low": low, "high": high, "n": len(values)})
+        estimate = verdicts.mean(group[metric].to_numpy(dtype=float))
+        out.append({**dict(zip(by, key)), "mean": estimate.value, "low": estimate.low, "high": estimate.high,
+                    "n": estimate.n})
     return pd.DataFrame(out)
 
 
