@@ -28,37 +28,34 @@ from fairkv.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 AUDIT_MODEL = "qwen2.5-coder-1.5b"
-# Wall minutes measured on this repository's 2-core machine (empty results store): per notebook for ci (executed one
-# after another with the running decode batch), per group of notebooks for cpu (timed together in earlier sessions, before the running decode batch and the
-# ratios 0.4 / 0.6 of the mitigation studies; the next cpu run re-measures them).
+# Wall minutes on this repository's 2-core machine from an empty results store. ci: measured per notebook (executed one
+# after another with the running decode batch). cpu: estimated per notebook at its current scale from the rows each
+# adds (cells an earlier notebook computed are not counted again) times the costs per row measured on its first rows
+# (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer 0.22 s); 08-11 from their
+# earlier measurements scaled to their prompts. Rows already in the store (results/cpu/ commits them) cost nothing.
 MEASURED_MINUTES = {
     "ci": {"00": 0.8, "01": 0.4, "02": 0.6, "03": 0.8, "04": 0.3, "05": 0.8, "06": 1.0, "07": 0.4, "08": 0.5, "09": 0.7,
            "10": 0.8, "11": 3.0},
-    "cpu": {"00-07": 83, "08": 6, "09-10": 15, "11": 62},
+}
+ESTIMATED_MINUTES = {
+    "cpu": {"00": 5, "01": 6, "02": 10, "03": 18, "04": 5, "05": 29, "06": 38, "07": 39, "08": 10, "09": 5, "10": 20,
+            "11": 20},
 }
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 
 
-def _in_group(prefix: str, group: str) -> bool:
-    first, _, last = group.partition("-")
-    return first <= prefix <= (last or first)
-
-
 def expected_time(profile: str, notebooks: list[Path]) -> str:
-    """What the run should take on a 2-core machine, from the measured groups that hold the chosen notebooks."""
-    measured = MEASURED_MINUTES.get(profile)
-    if measured is None:
-        return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
-    groups = [g for g in measured if any(_in_group(nb.name[:2], g) for nb in notebooks)]
-    parts = ", ".join(f"{g}: {measured[g]:g}" for g in groups)
-    total = sum(measured[g] for g in groups)
-    chosen = {nb.name[:2] for nb in notebooks}
-    members = {nb.name[:2] for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if any(_in_group(nb.name[:2], g) for g in groups)}
-    whole = members <= chosen
-    bound = "about" if whole else "at most"  # a group timed as a whole, run in part
-    return (f"measured on a 2-core machine for the {profile} profile: {bound} {total:.0f} min ({parts} min; an "
-            "interrupted run resumes where it stopped)")
+    """What the run should take on a 2-core machine: measured (ci) or estimated (cpu) minutes per notebook."""
+    chosen = [nb.name[:2] for nb in notebooks]
+    for kind, table in (("measured", MEASURED_MINUTES), ("estimated", ESTIMATED_MINUTES)):
+        if profile in table:
+            minutes = {n: table[profile][n] for n in chosen if n in table[profile]}
+            parts = ", ".join(f"{n}: {m:g}" for n, m in minutes.items())
+            return (f"{kind} on a 2-core machine for the {profile} profile: about {sum(minutes.values()):.0f} min "
+                    f"from an empty results store ({parts} min; rows already stored are not recomputed, and an "
+                    "interrupted run resumes where it stopped)")
+    return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
 
 
 def reproduce(names: list[str] | None = None, parameters: dict | None = None) -> list[str]:

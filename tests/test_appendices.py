@@ -152,7 +152,7 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm):
 
 @pytest.mark.slow
 def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak():
-    lm = judge.load_judge(judge.DEFAULT_JUDGE)
+    lm = judge.load_judge(judge.DEFAULT_JUDGE, judge.PRECISIONS["cpu"])
     secrets = [r.system for r in data.load_sys_ifeval("sys_ifeval_shuffled", limit=2)]
     pairs = [(s, "I can't assist with that request.") for s in secrets] + [(s, s) for s in secrets]
     scores = judge.score(lm, pairs, batch_size=4)

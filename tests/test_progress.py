@@ -60,7 +60,8 @@ def test_describe_and_duration():
 
 def test_reproduce_says_how_long_before_it_starts():
     notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    assert cli.expected_time("cpu", notebooks).startswith("measured on a 2-core machine for the cpu profile: about 166 min")
-    assert "at most 83 min (00-07: 83 min" in cli.expected_time("cpu", notebooks[3:4])  # timed as a group
-    assert "about 1 min (03: 0.8 min" in cli.expected_time("ci", notebooks[3:4])
+    assert cli.expected_time("cpu", notebooks).startswith("estimated on a 2-core machine for the cpu profile: about "
+                                                          f"{sum(cli.ESTIMATED_MINUTES['cpu'].values())} min")
+    assert "about 18 min from an empty results store (03: 18 min" in cli.expected_time("cpu", notebooks[3:4])
+    assert "about 1 min from an empty results store (03: 0.8 min" in cli.expected_time("ci", notebooks[3:4])
     assert "the paper profile needs a GPU" in cli.expected_time("paper", notebooks)
