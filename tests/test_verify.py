@@ -12,13 +12,22 @@ from fairkv import cli, experiment, verify
 from sweeps import GRID, complete_lines
 
 
-@pytest.fixture()
-def stored(smollm, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def computed(smollm, tmp_path_factory):
     """A one-prompt sweep's store (r = 0 and compressed settings, benign and attack queries, fair at lam 0 and 1)."""
-    monkeypatch.setattr(experiment.Job, "load", lambda self, device=None: smollm)
     grid = experiment.Grid(**{**GRID, "n_prompts": 1, "start": 3})
-    experiment.run(grid, tmp_path, progress=False, lm=smollm)
-    return experiment.store_for(grid, tmp_path).path
+    folder = tmp_path_factory.mktemp("computed")
+    experiment.run(grid, folder, progress=False, lm=smollm)
+    return experiment.store_for(grid, folder).path
+
+
+@pytest.fixture()
+def stored(computed, smollm, tmp_path, monkeypatch):
+    """A copy of ``computed`` that a test may edit; verification reuses the loaded model."""
+    monkeypatch.setattr(experiment.Job, "load", lambda self, device=None: smollm)
+    path = tmp_path / computed.name
+    path.write_bytes(computed.read_bytes())
+    return path
 
 
 def test_every_stored_row_recomputes_identically(stored, capsys):
