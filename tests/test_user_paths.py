@@ -36,7 +36,7 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
     grid = studies.grid("leakage", "paper", **overrides)
     assert (grid.dtype, grid.orders, grid.max_new_tokens, grid.benign_tokens) == ("bfloat16", ("normal", "flipped"), 4, 4)
     assert experiment.Job(grid, {}, {}, {}).load().model.dtype == torch.bfloat16
-    rows = list(experiment.store_for(grid, tmp_path / "results").rows().values())
+    rows = list(experiment.store_for(grid, tmp_path / "results" / "paper").rows().values())  # the profile's folder
     # 2 prompts x 2 orders x (r = 0, and 5 policies at r = 0.5) x (benign, attack)
     assert len(rows) == 2 * 2 * 6 * 2
     assert {row["dtype"] for row in rows} == {"bfloat16"}
