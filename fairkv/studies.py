@@ -75,8 +75,8 @@ CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
 CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 
 # The benign (IFEval) query's own part of a study's grid, per profile (``SCALE[profile][study]["benign"]`` refines it):
-# at the cpu profile IFEval answers (256 new tokens) cost about four times an attack's, so the accuracy side runs on
-# the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped order too.
+# at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy side
+# runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped order.
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
 # How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
@@ -92,7 +92,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
         "debias": dict(policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
     },
-    # Rows cost by kind (bfloat16, batch 128, measured): an IFEval answer about 1.5 s, an attack answer about 0.5 s.
+    # Rows cost by kind (bfloat16, batch 128, measured here): an IFEval answer 0.71 s, an attack answer 0.22 s.
     # The attack side of every paper study runs on 100 prompts; its benign side on 50 (BENIGN_SIDE), in the flipped
     # order only for StreamingLLM, the policy the order claims read.
     "cpu": {
