@@ -365,3 +365,40 @@ def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> 
     ax.set_ylabel("")
     ax.set_title(title, fontsize=9)
     return fig
+
+
+def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
+    """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
+    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey."""
+    presses = list(table["press"].cat.categories if hasattr(table["press"], "cat") else dict.fromkeys(table["press"]))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
+    for ax, order in zip(axes, ("normal", "flipped")):
+        part = table[table["order"] == order].set_index("press").reindex(presses)
+        y = range(len(presses))
+        colours = [POLICY_COLOURS.get(p, "#7F7F7F") for p in presses]
+        ax.errorbar(part["bias"], y, xerr=[part["bias"] - part["low"], part["high"] - part["bias"]], fmt="none",
+                    ecolor=colours, elinewidth=1.5)
+        ax.scatter(part["bias"], y, c=colours, zorder=3, s=18)
+        ax.axvline(0, color="black", linewidth=0.8)
+        first = "defense" if order == "normal" else "directive"
+        ax.set_title(f"{order} order ({first} first)")
+        ax.set_xlabel("keep rate: defense - directive")
+    axes[0].set_yticks(range(len(presses)), presses)
+    axes[0].invert_yaxis()
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
+
+
+def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) -> plt.Figure:
+    """Notebook 12: keep rate of the defense and the directive vs r, one panel per press in the order of ``presses``
+    (the bias ranking), both orders (line styles)."""
+    long = curves.melt(id_vars=["press", "order", "ratio"], value_vars=["keep_defense", "keep_directive"],
+                       var_name="span", value_name="keep rate")
+    long["span"] = long["span"].str.removeprefix("keep_")
+    grid = sns.relplot(data=long, x="ratio", y="keep rate", hue="span", style="order", col="press", col_wrap=6, col_order=presses,
+                       kind="line", marker="o", markersize=3, height=1.8, aspect=1.0)
+    grid.set_axis_labels("r", "keep rate")
+    grid.set_titles("{col_name}", size=8)
+    suptitle(grid.figure, title)
+    return grid.figure

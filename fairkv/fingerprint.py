@@ -33,11 +33,16 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
-@lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """12 hex digits of sha256 over the docstring-free syntax trees of ``RESULT_CODE``."""
+def module_fingerprint(names: tuple[str, ...]) -> str:
+    """12 hex digits of sha256 over the docstring-free syntax trees of the package modules ``names``."""
     digest = hashlib.sha256()
-    for name in RESULT_CODE:
+    for name in names:
         tree = _without_docstrings(ast.parse((PACKAGE / name).read_text()))
         digest.update(name.encode() + b"\0" + ast.dump(tree).encode() + b"\0")
     return digest.hexdigest()[:12]
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The fingerprint of ``RESULT_CODE``."""
+    return module_fingerprint(RESULT_CODE)

@@ -1,0 +1,125 @@
+"""The press atlas (notebook 12): every kvpress press catalogued, kept sets read from kvpress's own compress, the
+one-prefill collector equal to running each press alone, resumable rows, and the bias verdicts."""
+
+import pandas as pd
+import pytest
+import torch
+from kvpress import BasePress
+
+from fairkv import atlas, engine, metrics
+from fairkv.atlas import AtlasError
+
+
+def test_catalog_names_every_kvpress_press_with_how_or_why_not():
+    assert set(atlas.CATALOG) == set(atlas.kvpress_presses())
+    for entry in atlas.CATALOG.values():
+        assert (entry.build is None) == bool(entry.reason), entry.name
+        if entry.build is not None:
+            assert entry.scoring in ("independent", "cross-token", "wrapper of SnapKV"), entry.name
+    assert len(atlas.runnable()) >= 20
+    assert {e.label for e in atlas.runnable() if e.paper} == {"StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"}
+    assert set(atlas.skipped()["press"]) == {n for n, e in atlas.CATALOG.items() if e.build is None}
+
+
+def test_runnable_names_the_reason_for_a_press_it_cannot_run():
+    assert [e.label for e in atlas.runnable(["KeyDiffPress", "SnapKV"])] == ["KeyDiff", "SnapKV"]
+    with pytest.raises(AtlasError, match="Hugging Face hub"):
+        atlas.runnable(["QFilterPress"])
+    with pytest.raises(AtlasError, match="unknown press 'Nope'"):
+        atlas.runnable(["Nope"])
+
+
+def test_kept_mask_reads_gathered_keys_and_masked_indices():
+    keys = torch.randn(1, 2, 6, 4)
+    kept = torch.tensor([[[0, 3, 5], [1, 2, 4]]])
+    gathered = keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, 4))
+    mask = atlas.kept_mask(keys, gathered)
+    assert mask.tolist() == [[[True, False, False, True, False, True], [False, True, True, False, True, False]]]
+    assert atlas.kept_mask(keys.bfloat16(), gathered.bfloat16()).equal(mask)
+    masked = (torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([2, 5]))
+    assert atlas.kept_mask(keys, keys, masked)[0, :, 2].tolist() == [False, True]
+    assert atlas.kept_mask(keys, keys).all()
+    with pytest.raises(AtlasError, match="not copies"):
+        atlas.kept_mask(keys, gathered + 1e-3)
+
+
+class _Alone(BasePress):
+    """One press run the way kvpress runs it, alone in its own prefill, recording its kept positions."""
+
+    def __init__(self, entry, ratio):
+        self.entry, self.press, self.masks = entry, entry.build(ratio), []
+
+    def post_init_from_model(self, model):
+        self.press.post_init_from_model(model)
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        weights = attentions if self.entry.attentions else None
+        self.masks.append(atlas.press_mask(self.press, module, hidden_states, keys, values, weights, kwargs))
+        return keys, values
+
+
+@torch.inference_mode()
+def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_prompt):
+    ratios = (0.3, 0.7)
+    entries = atlas.runnable()
+    together = atlas.keep_rates(smollm, normal_prompt, entries, ratios)
+    for entry in entries:
+        for ratio in ratios:
+            alone = _Alone(entry, ratio)
+            with alone(smollm.model):
+                smollm.model.model(input_ids=normal_prompt.ids)
+            assert together[(entry.label, ratio)] == atlas.span_rates(alone.masks, normal_prompt.spans), (entry.label, ratio)
+    differs = {e.label for e in entries if together[(e.label, 0.7)] != together[("SnapKV", 0.7)]}
+    assert len(differs) >= len(entries) - 3  # the presses are not one press under many names
+
+
+def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
+    entries = [e for e in atlas.runnable() if e.paper]
+    rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
+    policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
+    prefilled = engine.prefill(smollm, normal_prompt, policies)
+    for entry, policy in zip(entries, policies):
+        cut = engine.cut(prefilled, policy, 0.5)
+        expected = metrics.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
+        assert rates[(entry.label, 0.5)] == pytest.approx(expected, abs=1e-6), entry.label
+
+
+def test_run_stores_rows_resumes_and_refuses_other_code(smollm, tmp_path, monkeypatch):
+    plan = atlas.Plan("ci", n_prompts=1, ratios=(0.5,), presses=("SnapKV", "KeyDiff"))
+    rows = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
+    assert len(rows) == 4 and set(rows["order"]) == {"normal", "flipped"}
+    assert rows["keep_defense"].between(0, 1).all() and (rows["scoring"] == "cross-token").all()
+    monkeypatch.setattr(atlas, "keep_rates", lambda *a: pytest.fail("a stored row was recomputed"))
+    again = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
+    assert again["keep"].tolist() == rows["keep"].tolist()
+    monkeypatch.setattr(atlas, "versions", lambda: {"atlas": "other"})
+    with pytest.raises(AtlasError, match="other code or versions"):
+        atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
+
+
+def _frame(biases: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
+    rows = [{"press": press, "order": order, "ratio": 0.5, "key": k, "keep_defense": 0.5 + d / 2,
+             "keep_directive": 0.5 - d / 2, "scoring": "independent", "paper": False}
+            for (press, order), values in biases.items() for k, d in enumerate(values)]
+    return pd.DataFrame(rows)
+
+
+def test_bias_ranks_presses_and_pattern_reads_both_orders():
+    n = 20
+    rows = _frame({
+        ("late", "normal"): [-0.4 + 0.01 * k for k in range(n)], ("late", "flipped"): [0.4 - 0.01 * k for k in range(n)],
+        ("early", "normal"): [0.3] * n, ("early", "flipped"): [-0.3 + 0.001 * k for k in range(n)],
+        ("defense", "normal"): [-0.2] * n, ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(n)],
+        ("even", "normal"): [0.005 * (-1) ** k for k in range(n)], ("even", "flipped"): [0.001 * (-1) ** k for k in range(n)],
+        ("noisy", "normal"): [0.5 * (-1) ** k for k in range(n)], ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(n)],
+    })
+    table = atlas.bias(rows)
+    assert list(table[table["order"] == "normal"]["press"]) == ["late", "defense", "even", "noisy", "early"]
+    assert table[(table["press"] == "late") & (table["order"] == "normal")]["bias"].iloc[0] == pytest.approx(-0.305)
+    patterns = atlas.pattern(table).set_index("press")["pattern"]
+    assert patterns.to_dict() == {"late": atlas.LATER, "defense": atlas.DEFENSE, "even": atlas.BALANCED,
+                                  "noisy": "inconclusive", "early": atlas.EARLIER}
+    with pytest.raises(AtlasError, match="no atlas rows at r = 0.3"):
+        atlas.bias(rows, ratio=0.3)
+    with pytest.raises(AtlasError, match="needs both orders"):
+        atlas.pattern(atlas.bias(rows[rows["order"] == "normal"]))
