@@ -36,7 +36,7 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 
 from fairkv import data, experiment, metrics, models, prompts
-from fairkv.fingerprint import module_fingerprint
+from fairkv.fingerprint import RESULT_CODE, module_fingerprint
 from fairkv.presses import make_press
 from fairkv.presses.registry import SNAPKV_WINDOW
 from fairkv.presses.selection import topk_select
@@ -334,13 +334,14 @@ def describe(chosen: Plan, rows: pd.DataFrame) -> str:
 
 
 def versions() -> dict[str, str]:
-    """The result code's versions with the atlas's own fingerprint beside them."""
-    return {**metrics.versions(), "atlas": module_fingerprint(("atlas.py",))}
+    """The result code's versions with the atlas's own fingerprint beside them (the result code's own fingerprint,
+    whether or not this process registered presses with ``fairkv.anypress``)."""
+    return {**metrics.versions(), "code": module_fingerprint(RESULT_CODE), "atlas": module_fingerprint(("atlas.py",))}
 
 
 def store_path(plan: Plan, folder: Path | None = None) -> Path:
     safe = plan.grid.model.replace("/", "__")
-    return (folder or results_folder(plan.profile)) / "atlas" / f"{safe}.jsonl"
+    return (folder or results_folder(plan.profile)) / "atlas" / f"{safe}.keep-rates.jsonl"
 
 
 def _identity(plan: Plan, record, order: str, label: str, ratio: float) -> dict:

@@ -42,7 +42,19 @@ def module_fingerprint(names: tuple[str, ...]) -> str:
     return digest.hexdigest()[:12]
 
 
+# Modules that add presses to the engine at run time (``fairkv.anypress.register``): in a process that registered them,
+# they decide rows too, so every row it computes carries their fingerprint beside the result code's.
+EXTENSIONS: list[str] = []
+
+
+def extend(names: tuple[str, ...]) -> None:
+    """Count ``names`` (package modules) in the fingerprint of every row this process computes from now on."""
+    EXTENSIONS.extend(name for name in names if name not in EXTENSIONS)
+    code_fingerprint.cache_clear()
+
+
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """The fingerprint of ``RESULT_CODE``."""
-    return module_fingerprint(RESULT_CODE)
+    """The fingerprint of ``RESULT_CODE``, followed by that of the ``EXTENSIONS`` when a module registered any."""
+    base = module_fingerprint(RESULT_CODE)
+    return f"{base}+{module_fingerprint(tuple(EXTENSIONS))}" if EXTENSIONS else base
