@@ -247,14 +247,20 @@ def span_rates(masks: list[torch.Tensor], spans) -> dict[str, float]:
     return {span.name: float(rate) for span, rate in zip(spans, rates.mean(0))}
 
 
+# what a kvpress press raises when it cannot compress a prompt (SnapKV inside a chunk shorter than its window, ...)
+PRESS_FAILURES = (AssertionError, ValueError, RuntimeError, IndexError)
+
+
 class _Collector(BasePress):
     """Calls every press's ``compress`` at every ratio on each layer's uncompressed prefill (a ratio-free scorer's
-    ``score`` once, cut at every ratio by ``ScorerPress``'s top-k); compresses nothing."""
+    ``score`` once, cut at every ratio by ``ScorerPress``'s top-k); compresses nothing. A press that raises on this
+    prompt (``PRESS_FAILURES``) is recorded with its error, and the other presses go on."""
 
     def __init__(self, entries: list[Entry], ratios: tuple[float, ...]):
         self.entries, self.ratios = entries, ratios
         self.presses = {(e.label, r): e.build(r) for e in entries for r in ratios}
         self.masks: dict[tuple[str, float], list[torch.Tensor]] = {key: [] for key in self.presses}
+        self.errors: dict[tuple[str, float], str] = {}
 
     def post_init_from_model(self, model):
         for press in self.presses.values():
@@ -265,28 +271,48 @@ class _Collector(BasePress):
         for entry in self.entries:
             weights = attentions if entry.attentions else None
             if entry.ratio_free:
-                torch.manual_seed(SEED + module.layer_idx)
-                scores = self.presses[(entry.label, self.ratios[0])].score(module, hidden_states, keys, values, weights, kwargs)
+                if (entry.label, self.ratios[0]) in self.errors:
+                    continue
+                try:
+                    torch.manual_seed(SEED + module.layer_idx)
+                    press = self.presses[(entry.label, self.ratios[0])]
+                    scores = press.score(module, hidden_states, keys, values, weights, kwargs)
+                except PRESS_FAILURES as error:
+                    self.errors.update({(entry.label, ratio): _described(error) for ratio in self.ratios})
+                    continue
                 for ratio in self.ratios:
                     kept = topk_select(scores, compute_n_kept(n, ratio)).cpu()
-                    self.masks[(entry.label, ratio)].append(torch.zeros(batch, heads, n, dtype=torch.bool).scatter_(-1, kept, True))
+                    self.masks[(entry.label, ratio)].append(
+                        torch.zeros(batch, heads, n, dtype=torch.bool).scatter_(-1, kept, True))
                 continue
             for ratio in self.ratios:
-                press = self.presses[(entry.label, ratio)]
-                self.masks[(entry.label, ratio)].append(press_mask(press, module, hidden_states, keys, values, weights, kwargs))
+                key = (entry.label, ratio)
+                if key in self.errors:
+                    continue
+                try:
+                    self.masks[key].append(press_mask(self.presses[key], module, hidden_states, keys, values, weights, kwargs))
+                except PRESS_FAILURES as error:
+                    self.errors[key] = _described(error)
         return keys, values
+
+
+def _described(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 @torch.inference_mode()
 def keep_rates(lm: models.LoadedModel, prompt: prompts.Prompt, entries: list[Entry], ratios) -> dict:
-    """{(label, ratio): {span: keep rate}} for every entry and ratio, from one prefill of ``prompt``."""
+    """{(label, ratio): ({span: keep rate}, error)} for every entry and ratio, from one prefill of ``prompt``; a press
+    that raised on this prompt has NaN keep rates and the error it raised (None for the others)."""
     config = lm.model.config
     if not hasattr(config, "head_dim"):  # CriticalKV reads config.head_dim, which Qwen2's config derives, not stores
         config.head_dim = config.hidden_size // config.num_attention_heads
     collector = _Collector(entries, tuple(ratios))
     with collector(lm.model):
         lm.model.model(input_ids=prompt.ids.to(lm.device))
-    return {key: span_rates(masks, prompt.spans) for key, masks in collector.masks.items()}
+    failed = {span.name: float("nan") for span in prompt.spans}
+    return {key: (failed, collector.errors[key]) if key in collector.errors else (span_rates(masks, prompt.spans), None)
+            for key, masks in collector.masks.items()}
 
 
 @dataclass(frozen=True)
@@ -385,8 +411,8 @@ def run(plan: Plan, folder: Path | None = None, progress: bool = True, lm: model
                 rates = keep_rates(lm, prompt, entries, plan.ratios)
                 seconds = time.perf_counter() - start
                 rows = [{"cell_id": ids[(record, order, label, ratio)], **_identity(plan, record, order, label, ratio),
-                         "keep": rates[(label, ratio)], "n_tokens": prompt.n_tokens, "prompt_s": seconds,
-                         "versions": current}
+                         "keep": rates[(label, ratio)][0], "error": rates[(label, ratio)][1], "n_tokens": prompt.n_tokens,
+                         "prompt_s": seconds, "versions": current}
                         for (label, ratio) in rates if ids[(record, order, label, ratio)] not in done]
                 done.update({row["cell_id"]: row for row in store.append(rows)})
                 bar.update(len(rows))
@@ -398,9 +424,22 @@ def run(plan: Plan, folder: Path | None = None, progress: bool = True, lm: model
     return frame.assign(scoring=frame["press"].map(scoring), paper=frame["press"].isin([e.label for e in entries if e.paper]))
 
 
+def failures(rows: pd.DataFrame) -> pd.DataFrame:
+    """The presses that raised on some prompts: how many (prompt, order) pairs per ratio, and the first error."""
+    failed = rows[rows["error"].notna()]
+    if failed.empty:
+        return pd.DataFrame(columns=["press", "ratio", "failed", "of", "error"])
+    total = rows.groupby(["press", "ratio"], observed=True).size()
+    return (failed.groupby(["press", "ratio"], observed=True, sort=False)
+            .agg(failed=("key", "size"), error=("error", "first")).reset_index()
+            .assign(of=lambda t: [int(total[(p, r)]) for p, r in zip(t["press"], t["ratio"])])
+            [["press", "ratio", "failed", "of", "error"]])
+
+
 def bias(rows: pd.DataFrame, ratio: float = BIAS_RATIO) -> pd.DataFrame:
     """Per press and order: defense keep rate minus directive keep rate at ``ratio``, mean over prompts with its 95%
-    bootstrap interval, ranked from the most negative (the defense lost first) in the normal order."""
+    bootstrap interval, ranked from the most negative (the defense lost first) in the normal order. Prompts on which
+    a press raised (``failures``) are left out of its n."""
     if ratio not in set(rows["ratio"]):
         raise AtlasError(f"no atlas rows at r = {ratio}: the plan's ratios are {sorted(set(rows['ratio']))}")
     at = rows[rows["ratio"] == ratio]
@@ -518,4 +557,4 @@ def bias_curve(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["ATLAS_RATIOS", "ATTACK_RATIOS", "BIAS_RATIO", "CATALOG", "PLANS", "AtlasError", "Entry", "Plan", "attack_grid", "attack_table", "bias", "bias_curve", "most_biased", "paper_vs_us",
-           "describe", "keep_rates", "kept_mask", "kvpress_presses", "pattern", "plan", "run", "runnable", "skipped"]
+           "describe", "failures", "keep_rates", "kept_mask", "kvpress_presses", "pattern", "plan", "run", "runnable", "skipped"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kvpress import BasePress
 
-from fairkv import atlas, engine, metrics
+from fairkv import atlas, data, engine, metrics, prompts
 from fairkv.atlas import AtlasError
 
 
@@ -68,7 +68,7 @@ def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_pr
             alone = _Alone(entry, ratio)
             with alone(smollm.model):
                 smollm.model.model(input_ids=normal_prompt.ids)
-            assert together[(entry.label, ratio)] == atlas.span_rates(alone.masks, normal_prompt.spans), (entry.label, ratio)
+            assert together[(entry.label, ratio)] == (atlas.span_rates(alone.masks, normal_prompt.spans), None), (entry.label, ratio)
     differs = {e.label for e in entries if together[(e.label, 0.7)] != together[("SnapKV", 0.7)]}
     assert len(differs) >= len(entries) - 3  # the presses are not one press under many names
 
@@ -81,13 +81,13 @@ def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
     for entry, policy in zip(entries, policies):
         cut = engine.cut(prefilled, policy, 0.5)
         expected = metrics.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
-        assert rates[(entry.label, 0.5)] == pytest.approx(expected, abs=1e-6), entry.label
+        assert rates[(entry.label, 0.5)][0] == pytest.approx(expected, abs=1e-6), entry.label
 
 
 def test_run_stores_rows_resumes_and_refuses_other_code(smollm, tmp_path, monkeypatch):
     plan = atlas.Plan("ci", n_prompts=1, ratios=(0.5,), presses=("SnapKV", "KeyDiff"))
     rows = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
-    assert len(rows) == 4 and set(rows["order"]) == {"normal", "flipped"}
+    assert len(rows) == 4 and set(rows["order"]) == {"normal", "flipped"} and rows["error"].isna().all()
     assert rows["keep_defense"].between(0, 1).all() and (rows["scoring"] == "cross-token").all()
     monkeypatch.setattr(atlas, "keep_rates", lambda *a: pytest.fail("a stored row was recomputed"))
     again = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
@@ -145,3 +145,19 @@ def test_paper_vs_us_claims_read_both_orders_and_the_paired_refusals():
         "SnapKV: compression loses the refusal (base, r = 0.5 vs 0)": "holds",
         "SnapKV: the whitelist restores the refusal (r = 0.5)": "holds",
     }
+
+
+def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, records, templates):
+    """SnapKV inside 64-token chunks cannot score a last chunk shorter than its window: kvpress asserts; the atlas
+    keeps the other presses' rates and names the error, and the bias leaves that prompt out."""
+    prompt = prompts.paper_prompt(smollm.tokenizer, data.get_record(records, 3362), templates, "normal")
+    assert prompt.n_tokens % 64 <= 16  # a last chunk shorter than SnapKV's 16-token window
+    rates = atlas.keep_rates(smollm, prompt, atlas.runnable(["Chunk64(SnapKV)", "KeyDiff"]), (0.5,))
+    assert rates[("KeyDiff", 0.5)][1] is None
+    keep, error = rates[("Chunk64(SnapKV)", 0.5)]
+    assert error.startswith("AssertionError") and all(v != v for v in keep.values())
+    rows = _frame({("a", "normal"): [0.1, 0.2, float("nan")], ("a", "flipped"): [0.1, 0.2, 0.3]})
+    rows["error"] = [None, None, "AssertionError: x", None, None, None]
+    assert atlas.bias(rows).set_index("order")["n"].to_dict() == {"normal": 2, "flipped": 3}
+    assert atlas.failures(rows).to_dict("records") == [{"press": "a", "ratio": 0.5, "failed": 1, "of": 6,
+                                                        "error": "AssertionError: x"}]
