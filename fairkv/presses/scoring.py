@@ -15,7 +15,9 @@ number of spans; since the paper's spans absorb the template suffix into the las
 prompt's tail, as in their code, and every earlier span uses its own tail, as in the paper. Their fair H2O masks and
 normalises attention over the raw instruction spans; here over the spans as the prompt cuts them (the first absorbs
 the chat header, the last the template suffix), so that every prefix token belongs to a span and is scored (F.5
-names the spans, not how the header and suffix are split). Its effect on Fig 9's H2O row is not measured yet.
+names the spans, not how the header and suffix are split). Measured on Fig 9's H2O row (benchmarks/fair_h2o_spans.py,
+Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99.3% of the kept positions are the same,
+refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
 """
 
 from __future__ import annotations
