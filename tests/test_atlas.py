@@ -104,15 +104,18 @@ def _frame(biases: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+N = 20
+BIASES = {  # per-prompt biases (defense - directive keep rate) of five made-up presses in both orders
+    ("late", "normal"): [-0.4 + 0.01 * k for k in range(N)], ("late", "flipped"): [0.4 - 0.01 * k for k in range(N)],
+    ("early", "normal"): [0.3] * N, ("early", "flipped"): [-0.3 + 0.001 * k for k in range(N)],
+    ("defense", "normal"): [-0.2] * N, ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(N)],
+    ("even", "normal"): [0.005 * (-1) ** k for k in range(N)], ("even", "flipped"): [0.001 * (-1) ** k for k in range(N)],
+    ("noisy", "normal"): [0.5 * (-1) ** k for k in range(N)], ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(N)],
+}
+
+
 def test_bias_ranks_presses_and_pattern_reads_both_orders():
-    n = 20
-    rows = _frame({
-        ("late", "normal"): [-0.4 + 0.01 * k for k in range(n)], ("late", "flipped"): [0.4 - 0.01 * k for k in range(n)],
-        ("early", "normal"): [0.3] * n, ("early", "flipped"): [-0.3 + 0.001 * k for k in range(n)],
-        ("defense", "normal"): [-0.2] * n, ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(n)],
-        ("even", "normal"): [0.005 * (-1) ** k for k in range(n)], ("even", "flipped"): [0.001 * (-1) ** k for k in range(n)],
-        ("noisy", "normal"): [0.5 * (-1) ** k for k in range(n)], ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(n)],
-    })
+    rows = _frame(BIASES)
     table = atlas.bias(rows)
     assert list(table[table["order"] == "normal"]["press"]) == ["late", "defense", "even", "noisy", "early"]
     assert table[(table["press"] == "late") & (table["order"] == "normal")]["bias"].iloc[0] == pytest.approx(-0.305)
@@ -126,20 +129,15 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
 
 
 def test_paper_vs_us_claims_read_both_orders_and_the_paired_refusals():
-    n = 20
-    rows = _frame({
-        ("late", "normal"): [-0.4 + 0.01 * k for k in range(n)], ("late", "flipped"): [0.4 - 0.01 * k for k in range(n)],
-        ("early", "normal"): [0.3] * n, ("early", "flipped"): [-0.3 + 0.001 * k for k in range(n)],
-        ("defense", "normal"): [-0.2] * n, ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(n)],
-        ("noisy", "normal"): [0.5 * (-1) ** k for k in range(n)], ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(n)],
-    })
-    refusals = {("base", 0.0): [1] * n, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
+    rows = _frame(BIASES)
+    refusals = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
     attacked = pd.DataFrame([{"policy": "snapkv", "variant": v, "ratio": r, "key": k, "refused": float(x)}
                              for (v, r), values in refusals.items() for k, x in enumerate(values)])
     claims = atlas.paper_vs_us(atlas.bias(rows), attacked).set_index("claim")["verdict"].to_dict()
     assert claims == {
         "late: the later span is kept more in both orders (r = 0.5)": "holds",
         "defense: the later span is kept more in both orders (r = 0.5)": "fails",
+        "even: the later span is kept more in both orders (r = 0.5)": "inconclusive",
         "noisy: the later span is kept more in both orders (r = 0.5)": "inconclusive",
         "early: the later span is kept more in both orders (r = 0.5)": "fails",
         "SnapKV: compression loses the refusal (base, r = 0.5 vs 0)": "holds",
