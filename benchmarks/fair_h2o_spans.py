@@ -56,7 +56,10 @@ def authors_h2o(keys: torch.Tensor, attentions: torch.Tensor, earlier: tuple[int
 def authors_scoring(earlier, later):
     saved = scoring.LOCAL_SCORERS[ObservedAttentionPress]
     scoring.LOCAL_SCORERS[ObservedAttentionPress] = (
-        lambda press, module, hidden, keys, values, attentions, kwargs, spans: authors_h2o(keys, attentions, earlier, later))
+        lambda press, module, hidden, keys, values, attentions, kwargs, spans: authors_h2o(
+            keys, attentions, earlier, later
+        )
+    )
     try:
         yield
     finally:
@@ -65,7 +68,9 @@ def authors_scoring(earlier, later):
 
 def shared(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:
     """The share of kept positions two kept sets have in common, mean over layers and KV heads."""
-    common = [torch.isin(a[layer][0, h], b[layer][0, h]).float().mean() for layer in a for h in range(a[layer].shape[1])]
+    common = [
+        torch.isin(a[layer][0, h], b[layer][0, h]).float().mean() for layer in a for h in range(a[layer].shape[1])
+    ]
     return float(torch.stack(common).mean())
 
 
@@ -80,14 +85,25 @@ def measure(model: str, dtype: str, n: int, ratios: tuple[float, ...], max_new_t
             theirs = engine.prefill(lm, prompt, ("h2o",))
         ours = engine.prefill(lm, prompt, ("h2o",))
         for ratio in ratios:
-            cuts = {scorer: engine.cut(prefilled, "h2o", ratio, "fair") for scorer, prefilled in (("ours", ours), (AUTHORS, theirs))}
+            cuts = {
+                scorer: engine.cut(prefilled, "h2o", ratio, "fair")
+                for scorer, prefilled in (("ours", ours), (AUTHORS, theirs))
+            }
             for scorer, cut in cuts.items():
                 keep = metrics.keep_rates(cut.kept, prompt.spans, prompt.n_tokens)
-                rows.append({"key": record.key, "scorer": scorer, "ratio": ratio, **keep,
-                             "shared kept": shared(cuts["ours"].kept, cuts[AUTHORS].kept)})
+                rows.append(
+                    {
+                        "key": record.key,
+                        "scorer": scorer,
+                        "ratio": ratio,
+                        **keep,
+                        "shared kept": shared(cuts["ours"].kept, cuts[AUTHORS].kept),
+                    }
+                )
                 items.append((prompt, cut))
-    answers = generation.answer_batch(lm, [(cut, prompt.query_ids(attack)) for prompt, cut in items], max_new_tokens,
-                                      batch_size=batch)
+    answers = generation.answer_batch(
+        lm, [(cut, prompt.query_ids(attack)) for prompt, cut in items], max_new_tokens, batch_size=batch
+    )
     for row, (prompt, _), answer in zip(rows, items, answers):
         row.update(metrics.attack_scores(prompt.references, answer.text))
     return pd.DataFrame(rows)
@@ -97,12 +113,26 @@ def compare(frame: pd.DataFrame) -> pd.DataFrame:
     out = []
     for ratio, group in frame.groupby("ratio"):
         side = lambda scorer, column, group=group: group[group["scorer"] == scorer].set_index("key")[column]
-        out.append({"r": ratio, "measure": "shared kept positions", "ours": "", AUTHORS: "",
-                    f"ours - {AUTHORS}": f"{group['shared kept'].mean():.3f} in common"})
+        out.append(
+            {
+                "r": ratio,
+                "measure": "shared kept positions",
+                "ours": "",
+                AUTHORS: "",
+                f"ours - {AUTHORS}": f"{group['shared kept'].mean():.3f} in common",
+            }
+        )
         for column in ("defense", "directive", "refused", "leak_directive"):
             ours, theirs = side("ours", column), side(AUTHORS, column)
-            out.append({"r": ratio, "measure": column, "ours": f"{ours.mean():.3f}", AUTHORS: f"{theirs.mean():.3f}",
-                        f"ours - {AUTHORS}": verdicts.difference(ours, theirs).signed()})
+            out.append(
+                {
+                    "r": ratio,
+                    "measure": column,
+                    "ours": f"{ours.mean():.3f}",
+                    AUTHORS: f"{theirs.mean():.3f}",
+                    f"ours - {AUTHORS}": verdicts.difference(ours, theirs).signed(),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -116,9 +146,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     args = parser.parse_args()
     frame = measure(args.model, args.dtype, args.prompts, tuple(args.ratios), args.max_new_tokens, args.batch_size)
-    print(f"fair H2O, {args.model} ({args.dtype}), {frame['key'].nunique()} prompts (sys_ifeval_shuffled, normal order), "
-          f"the paper's attack, {args.max_new_tokens} new tokens; keep rate per span, refusal rate, directive ROUGE-L "
-          "leakage; paired difference with its 95% interval over prompts\n")
+    print(
+        f"fair H2O, {args.model} ({args.dtype}), {frame['key'].nunique()} prompts (sys_ifeval_shuffled, normal order), "
+        f"the paper's attack, {args.max_new_tokens} new tokens; keep rate per span, refusal rate, directive ROUGE-L "
+        "leakage; paired difference with its 95% interval over prompts\n"
+    )
     print(compare(frame).to_markdown(index=False))
 
 

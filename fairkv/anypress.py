@@ -31,7 +31,9 @@ from kvpress import ScorerPress
 from fairkv import atlas, fingerprint
 from fairkv.presses import registry, scoring
 
-LOCALITY = {entry.name: entry.scoring for entry in atlas.CATALOG.values() if entry.build is not None and not entry.paper}
+LOCALITY = {
+    entry.name: entry.scoring for entry in atlas.CATALOG.values() if entry.build is not None and not entry.paper
+}
 NOT_SCORE_ONCE = {
     "LeverageScorePress": "draws a random sketch at every call",
     "CompactorPress": "draws a random sketch at every call and blends its two scores by the ratio",
@@ -56,21 +58,31 @@ def shift_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: 
 
 def span_as_prompt(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
     """Scores (batch, kv_heads, n): each span scored by ``press`` as if it were the whole prefix (see module doc)."""
-    if getattr(module.config, "rope_scaling", None) not in (None, {}) and module.config.rope_scaling.get("rope_type",
-                                                                                                       "default") != "default":
-        raise NotImplementedError(f"span-local scoring re-rotates keys by plain RoPE; this model scales it "
-                                  f"({module.config.rope_scaling})")
+    if (
+        getattr(module.config, "rope_scaling", None) not in (None, {})
+        and module.config.rope_scaling.get("rope_type", "default") != "default"
+    ):
+        raise NotImplementedError(
+            f"span-local scoring re-rotates keys by plain RoPE; this model scales it ({module.config.rope_scaling})"
+        )
     cos, sin = kwargs["position_embeddings"]
     batch, kv_heads, n, _ = keys.shape
     scores = torch.zeros(batch, kv_heads, n, dtype=torch.float32, device=keys.device)
     for start, end in spans:
         length = end - start
-        local = {**kwargs, "hidden_states": hidden_states[:, start:end],
-                 "position_embeddings": (cos[:, :length], sin[:, :length]),
-                 "cache_position": torch.arange(length, device=keys.device)}
+        local = {
+            **kwargs,
+            "hidden_states": hidden_states[:, start:end],
+            "position_embeddings": (cos[:, :length], sin[:, :length]),
+            "cache_position": torch.arange(length, device=keys.device),
+        }
         scores[..., start:end] = press.score(
-            module, hidden_states[:, start:end], shift_keys(keys[:, :, start:end], cos, sin, start),
-            values[:, :, start:end], None, local,
+            module,
+            hidden_states[:, start:end],
+            shift_keys(keys[:, :, start:end], cos, sin, start),
+            values[:, :, start:end],
+            None,
+            local,
         ).float()
     return scores
 
@@ -82,7 +94,9 @@ def _independent(press, module, hidden_states, keys, values, attentions, kwargs,
 def local_scorer(name: str):
     """The span-local scorer of kvpress class ``name`` (its case in ``LOCALITY``)."""
     if name not in LOCALITY:
-        raise atlas.AtlasError(f"{name} has no span-local scoring: the atlas runs {', '.join(LOCALITY)} beside the paper's five")
+        raise atlas.AtlasError(
+            f"{name} has no span-local scoring: the atlas runs {', '.join(LOCALITY)} beside the paper's five"
+        )
     return _independent if LOCALITY[name] == "independent" else span_as_prompt
 
 
@@ -93,8 +107,11 @@ def key(entry: atlas.Entry) -> str:
 
 def scorers() -> list[atlas.Entry]:
     """The catalog's presses that the score-once engine can take (ScorerPresses, deterministic, ratio-free)."""
-    return [e for e in atlas.runnable() if not e.paper and e.ratio_free and e.name not in NOT_SCORE_ONCE
-            and isinstance(e.build(0.5), ScorerPress)]
+    return [
+        e
+        for e in atlas.runnable()
+        if not e.paper and e.ratio_free and e.name not in NOT_SCORE_ONCE and isinstance(e.build(0.5), ScorerPress)
+    ]
 
 
 def register(names=None) -> list[str]:
@@ -103,10 +120,11 @@ def register(names=None) -> list[str]:
     chosen = scorers() if names is None else atlas.runnable(names)
     for entry in chosen:
         if entry not in scorers():
-            raise atlas.AtlasError(f"{entry.name} cannot be scored once: "
-                                   f"{NOT_SCORE_ONCE.get(entry.name, 'not a ratio-free ScorerPress of the atlas')}")
+            raise atlas.AtlasError(
+                f"{entry.name} cannot be scored once: "
+                f"{NOT_SCORE_ONCE.get(entry.name, 'not a ratio-free ScorerPress of the atlas')}"
+            )
         registry.POLICIES[key(entry)] = registry.Policy(key(entry), entry.label, entry.build, min_tokens=16)
         scoring.LOCAL_SCORERS[type(entry.build(0.5))] = local_scorer(entry.name)
     fingerprint.extend(("anypress.py", "atlas.py"))
     return [key(e) for e in chosen]
-

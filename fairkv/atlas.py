@@ -92,69 +92,105 @@ def _wrapper(name: str, label: str, build: Callable[[float], BasePress]) -> Entr
 
 HUB = "needs weights or statistics from the Hugging Face hub (offline here)"
 DECODING = "compresses while decoding, not the prefill the paper's pitfall is about"
-CATALOG: dict[str, Entry] = {e.name: e for e in (
-    # the paper's five, with the paper's settings (fairkv.presses.registry)
-    _paper("StreamingLLMPress", "streamingllm", "StreamingLLM", "independent", ratio_free=False),
-    _paper("ObservedAttentionPress", "h2o", "H2O", "cross-token"),
-    _paper("SnapKVPress", "snapkv", "SnapKV", "cross-token"),
-    _paper("TOVAPress", "tova", "TOVA", "cross-token"),
-    _paper("KnormPress", "knorm", "K-Norm", "independent"),
-    # other scorers, kvpress's defaults (Compactor blends its two scores by the ratio)
-    _scorer("ExpectedAttentionPress", "ExpectedAttention", lambda r: kvpress.ExpectedAttentionPress(r), "cross-token"),
-    _scorer("KeyDiffPress", "KeyDiff", lambda r: kvpress.KeyDiffPress(r), "cross-token"),
-    _scorer("LagKVPress", "LagKV", lambda r: kvpress.LagKVPress(r), "cross-token"),
-    _scorer("CURPress", "CUR", lambda r: kvpress.CURPress(r), "cross-token"),
-    _scorer("LeverageScorePress", "LeverageScore", lambda r: kvpress.LeverageScorePress(r), "cross-token"),
-    _scorer("CompactorPress", "Compactor", lambda r: kvpress.CompactorPress(r), "cross-token", ratio_free=False),
-    _scorer("CapPress", "CAP", lambda r: kvpress.CapPress(r), "cross-token"),
-    _scorer("NonCausalAttnPress", "NonCausalAttn", lambda r: kvpress.NonCausalAttnPress(r), "cross-token"),
-    _scorer("RandomPress", "Random", lambda r: kvpress.RandomPress(r), "independent"),
-    # wrappers, around SnapKV with the paper's settings
-    _wrapper("AdaKVPress", "AdaKV(SnapKV)", lambda r: kvpress.AdaKVPress(_snapkv(r))),
-    _wrapper("CriticalKVPress", "CriticalKV(SnapKV)", lambda r: kvpress.CriticalKVPress(_snapkv(r))),
-    _wrapper("CriticalAdaKVPress", "CriticalAdaKV(SnapKV)", lambda r: kvpress.CriticalAdaKVPress(_snapkv(r))),
-    _wrapper("PyramidKVPress", "PyramidKV", lambda r: kvpress.PyramidKVPress(r, window_size=SNAPKV_WINDOW, kernel_size=5)),
-    _wrapper("ChunkKVPress", "ChunkKV(SnapKV)", lambda r: kvpress.ChunkKVPress(_snapkv(r))),
-    _wrapper("EntropyGatedChunkKVPress", "EntropyGatedChunkKV(SnapKV)",
-             lambda r: kvpress.EntropyGatedChunkKVPress(_snapkv(r))),
-    # kvpress's default chunk (1024 tokens) is longer than every prompt here, where ChunkPress is SnapKV itself
-    _wrapper("ChunkPress", "Chunk64(SnapKV)", lambda r: kvpress.ChunkPress(_snapkv(r), chunk_length=64)),
-    _wrapper("BlockPress", "Block64(SnapKV)", lambda r: kvpress.BlockPress(_snapkv(r), block_size=64)),
-    # not in the atlas, with the reason
-    Entry("KeyRerotationPress", reason="keeps exactly its inner press's tokens and re-rotates their keys: its kept set "
-          "is the inner press's row"),
-    Entry("MergingPress", reason="keeps exactly its inner press's tokens and folds the evicted values into them: its "
-          "kept set is the inner press's row"),
-    Entry("PerLayerCompressionPress", reason="sets a ratio per layer for an inner press: at one ratio for all layers "
-          "it is the inner press (PyramidKV is the atlas's per-layer budget)"),
-    Entry("ComposedPress", reason="chains presses one after another: each is measured on its own"),
-    Entry("SimLayerKVPress", reason="has no compression ratio: lazy layers keep the first 4 and the last 1024 tokens, "
-          "which is every token of a prompt here"),
-    Entry("ThinKPress", reason="prunes key channels, not tokens: no token is evicted"),
-    Entry("FinchPress", reason="needs a question after a delimiter token in the prefill; the paper's prefill is the "
-          "system prompt alone"),
-    Entry("KVzipPress", reason="scores by re-reading the context in extra forward passes (not the one prefill the "
-          "atlas scores), with a chunked prefill of its own"),
-    Entry("KVgradPress", reason="a KVzip variant: extra forward and backward passes over the context"),
-    Entry("RestoreKVPress", reason="a KVzip variant: extra forward passes over the context"),
-    Entry("FastKVzipPress", reason=f"{HUB} (trained gates), and a CUDA kernel"),
-    Entry("KVzapPress", reason=f"{HUB} (a trained scorer)"),
-    Entry("DMSPress", reason=f"{HUB} (a model trained for dynamic memory sparsification)"),
-    Entry("DuoAttentionPress", reason=f"{HUB} (attention patterns per head)"),
-    Entry("QFilterPress", reason=f"{HUB} (learned query filters)"),
-    Entry("ExpectedAttentionStatsPress", reason=f"{HUB} (query statistics per model)"),
-    Entry("LUKVPress", reason="allocates budgets from a pre-computed curve per model, which kvpress ships for other "
-          "models than the embedded ones"),
-    Entry("KVComposePress", reason="aligns one composite token set across heads (structured), so its kept count is "
-          "not the ratio's per head; not measured yet"),
-    Entry("DecodingPress", reason=DECODING),
-    Entry("CAMPress", reason=DECODING),
-    Entry("CompressionRatioDecodingPress", reason=DECODING),
-    Entry("PrefillDecodingPress", reason="pairs a prefill press with a decoding press: its prefill part is a press of "
-          "the atlas"),
-    Entry("BasePress", reason="abstract base class"),
-    Entry("ScorerPress", reason="abstract base class"),
-)}
+CATALOG: dict[str, Entry] = {
+    e.name: e
+    for e in (
+        # the paper's five, with the paper's settings (fairkv.presses.registry)
+        _paper("StreamingLLMPress", "streamingllm", "StreamingLLM", "independent", ratio_free=False),
+        _paper("ObservedAttentionPress", "h2o", "H2O", "cross-token"),
+        _paper("SnapKVPress", "snapkv", "SnapKV", "cross-token"),
+        _paper("TOVAPress", "tova", "TOVA", "cross-token"),
+        _paper("KnormPress", "knorm", "K-Norm", "independent"),
+        # other scorers, kvpress's defaults (Compactor blends its two scores by the ratio)
+        _scorer(
+            "ExpectedAttentionPress", "ExpectedAttention", lambda r: kvpress.ExpectedAttentionPress(r), "cross-token"
+        ),
+        _scorer("KeyDiffPress", "KeyDiff", lambda r: kvpress.KeyDiffPress(r), "cross-token"),
+        _scorer("LagKVPress", "LagKV", lambda r: kvpress.LagKVPress(r), "cross-token"),
+        _scorer("CURPress", "CUR", lambda r: kvpress.CURPress(r), "cross-token"),
+        _scorer("LeverageScorePress", "LeverageScore", lambda r: kvpress.LeverageScorePress(r), "cross-token"),
+        _scorer("CompactorPress", "Compactor", lambda r: kvpress.CompactorPress(r), "cross-token", ratio_free=False),
+        _scorer("CapPress", "CAP", lambda r: kvpress.CapPress(r), "cross-token"),
+        _scorer("NonCausalAttnPress", "NonCausalAttn", lambda r: kvpress.NonCausalAttnPress(r), "cross-token"),
+        _scorer("RandomPress", "Random", lambda r: kvpress.RandomPress(r), "independent"),
+        # wrappers, around SnapKV with the paper's settings
+        _wrapper("AdaKVPress", "AdaKV(SnapKV)", lambda r: kvpress.AdaKVPress(_snapkv(r))),
+        _wrapper("CriticalKVPress", "CriticalKV(SnapKV)", lambda r: kvpress.CriticalKVPress(_snapkv(r))),
+        _wrapper("CriticalAdaKVPress", "CriticalAdaKV(SnapKV)", lambda r: kvpress.CriticalAdaKVPress(_snapkv(r))),
+        _wrapper(
+            "PyramidKVPress", "PyramidKV", lambda r: kvpress.PyramidKVPress(r, window_size=SNAPKV_WINDOW, kernel_size=5)
+        ),
+        _wrapper("ChunkKVPress", "ChunkKV(SnapKV)", lambda r: kvpress.ChunkKVPress(_snapkv(r))),
+        _wrapper(
+            "EntropyGatedChunkKVPress",
+            "EntropyGatedChunkKV(SnapKV)",
+            lambda r: kvpress.EntropyGatedChunkKVPress(_snapkv(r)),
+        ),
+        # kvpress's default chunk (1024 tokens) is longer than every prompt here, where ChunkPress is SnapKV itself
+        _wrapper("ChunkPress", "Chunk64(SnapKV)", lambda r: kvpress.ChunkPress(_snapkv(r), chunk_length=64)),
+        _wrapper("BlockPress", "Block64(SnapKV)", lambda r: kvpress.BlockPress(_snapkv(r), block_size=64)),
+        # not in the atlas, with the reason
+        Entry(
+            "KeyRerotationPress",
+            reason="keeps exactly its inner press's tokens and re-rotates their keys: its kept set "
+            "is the inner press's row",
+        ),
+        Entry(
+            "MergingPress",
+            reason="keeps exactly its inner press's tokens and folds the evicted values into them: its "
+            "kept set is the inner press's row",
+        ),
+        Entry(
+            "PerLayerCompressionPress",
+            reason="sets a ratio per layer for an inner press: at one ratio for all layers "
+            "it is the inner press (PyramidKV is the atlas's per-layer budget)",
+        ),
+        Entry("ComposedPress", reason="chains presses one after another: each is measured on its own"),
+        Entry(
+            "SimLayerKVPress",
+            reason="has no compression ratio: lazy layers keep the first 4 and the last 1024 tokens, "
+            "which is every token of a prompt here",
+        ),
+        Entry("ThinKPress", reason="prunes key channels, not tokens: no token is evicted"),
+        Entry(
+            "FinchPress",
+            reason="needs a question after a delimiter token in the prefill; the paper's prefill is the "
+            "system prompt alone",
+        ),
+        Entry(
+            "KVzipPress",
+            reason="scores by re-reading the context in extra forward passes (not the one prefill the "
+            "atlas scores), with a chunked prefill of its own",
+        ),
+        Entry("KVgradPress", reason="a KVzip variant: extra forward and backward passes over the context"),
+        Entry("RestoreKVPress", reason="a KVzip variant: extra forward passes over the context"),
+        Entry("FastKVzipPress", reason=f"{HUB} (trained gates), and a CUDA kernel"),
+        Entry("KVzapPress", reason=f"{HUB} (a trained scorer)"),
+        Entry("DMSPress", reason=f"{HUB} (a model trained for dynamic memory sparsification)"),
+        Entry("DuoAttentionPress", reason=f"{HUB} (attention patterns per head)"),
+        Entry("QFilterPress", reason=f"{HUB} (learned query filters)"),
+        Entry("ExpectedAttentionStatsPress", reason=f"{HUB} (query statistics per model)"),
+        Entry(
+            "LUKVPress",
+            reason="allocates budgets from a pre-computed curve per model, which kvpress ships for other "
+            "models than the embedded ones",
+        ),
+        Entry(
+            "KVComposePress",
+            reason="aligns one composite token set across heads (structured), so its kept count is "
+            "not the ratio's per head; not measured yet",
+        ),
+        Entry("DecodingPress", reason=DECODING),
+        Entry("CAMPress", reason=DECODING),
+        Entry("CompressionRatioDecodingPress", reason=DECODING),
+        Entry(
+            "PrefillDecodingPress",
+            reason="pairs a prefill press with a decoding press: its prefill part is a press of the atlas",
+        ),
+        Entry("BasePress", reason="abstract base class"),
+        Entry("ScorerPress", reason="abstract base class"),
+    )
+}
 
 
 def kvpress_presses() -> list[str]:
@@ -203,7 +239,9 @@ def kept_mask(keys: torch.Tensor, kept_keys: torch.Tensor, masked=None) -> torch
     positions = order.gather(-1, found)
     exact = keys.cpu().gather(2, positions.unsqueeze(-1).expand(-1, -1, -1, dim)).equal(kept_keys.cpu())
     if not exact or (ordered[..., 1:] == ordered[..., :-1]).any():
-        raise AtlasError("the press returned keys that are not copies of distinct prefix keys: its kept set cannot be read")
+        raise AtlasError(
+            "the press returned keys that are not copies of distinct prefix keys: its kept set cannot be read"
+        )
     return torch.zeros(batch, heads, n, dtype=torch.bool).scatter_(-1, positions, True)
 
 
@@ -283,14 +321,17 @@ class _Collector(BasePress):
                 for ratio in self.ratios:
                     kept = topk_select(scores, compute_n_kept(n, ratio)).cpu()
                     self.masks[(entry.label, ratio)].append(
-                        torch.zeros(batch, heads, n, dtype=torch.bool).scatter_(-1, kept, True))
+                        torch.zeros(batch, heads, n, dtype=torch.bool).scatter_(-1, kept, True)
+                    )
                 continue
             for ratio in self.ratios:
                 key = (entry.label, ratio)
                 if key in self.errors:
                     continue
                 try:
-                    self.masks[key].append(press_mask(self.presses[key], module, hidden_states, keys, values, weights, kwargs))
+                    self.masks[key].append(
+                        press_mask(self.presses[key], module, hidden_states, keys, values, weights, kwargs)
+                    )
                 except PRESS_FAILURES as error:
                     self.errors[key] = _described(error)
         return keys, values
@@ -311,8 +352,10 @@ def keep_rates(lm: models.LoadedModel, prompt: prompts.Prompt, entries: list[Ent
     with collector(lm.model):
         lm.model.model(input_ids=prompt.ids.to(lm.device))
     failed = {span.name: float("nan") for span in prompt.spans}
-    return {key: (failed, collector.errors[key]) if key in collector.errors else (span_rates(masks, prompt.spans), None)
-            for key, masks in collector.masks.items()}
+    return {
+        key: (failed, collector.errors[key]) if key in collector.errors else (span_rates(masks, prompt.spans), None)
+        for key, masks in collector.masks.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -352,11 +395,13 @@ def plan(profile: str = "ci", **overrides) -> Plan:
 def describe(chosen: Plan, rows: pd.DataFrame) -> str:
     """What was run, from the rows (printed under the notebook's parameters)."""
     grid = chosen.grid
-    return (f"press atlas at profile {chosen.profile!r} on {grid.model} ({grid.dtype}): {rows['key'].nunique()} prompts "
-            f"of {grid.dataset}, orders {list(chosen.orders)}, {rows['press'].nunique()} presses, ratios "
-            f"{list(chosen.ratios)}; {len(rows)} rows, {rows.drop_duplicates(['key', 'order'])['prompt_s'].sum():.0f} s "
-            f"of prefill and scoring (one prefill per prompt and order); {len(skipped())} kvpress presses not run "
-            f"(listed below with the reason)")
+    return (
+        f"press atlas at profile {chosen.profile!r} on {grid.model} ({grid.dtype}): {rows['key'].nunique()} prompts "
+        f"of {grid.dataset}, orders {list(chosen.orders)}, {rows['press'].nunique()} presses, ratios "
+        f"{list(chosen.ratios)}; {len(rows)} rows, {rows.drop_duplicates(['key', 'order'])['prompt_s'].sum():.0f} s "
+        f"of prefill and scoring (one prefill per prompt and order); {len(skipped())} kvpress presses not run "
+        f"(listed below with the reason)"
+    )
 
 
 def versions() -> dict[str, str]:
@@ -378,42 +423,66 @@ def store_path(plan: Plan, folder: Path | None = None) -> Path:
 
 def _identity(plan: Plan, record, order: str, label: str, ratio: float) -> dict:
     grid = plan.grid
-    return {"kind": "atlas", "model": grid.model, "dtype": grid.dtype, "dataset": grid.dataset, "key": record.key,
-            "order": order, "press": label, "ratio": ratio}
+    return {
+        "kind": "atlas",
+        "model": grid.model,
+        "dtype": grid.dtype,
+        "dataset": grid.dataset,
+        "key": record.key,
+        "order": order,
+        "press": label,
+        "ratio": ratio,
+    }
 
 
-def run(plan: Plan, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None) -> pd.DataFrame:
+def run(
+    plan: Plan, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None
+) -> pd.DataFrame:
     """Keep rates of ``plan`` (one row per prompt, order, press and ratio): computes what its store lacks, one prefill
     per (prompt, order), appending each prompt's rows as they land; rows of other code or versions are an error."""
     grid, entries, current = plan.grid, plan.entries(), versions()
     store = ResultsStore(store_path(plan, folder))
     records = data.load_records(grid.dataset)[: plan.n_prompts]
     templates = data.load_defense_templates()
-    cells = [(record, order, e.label, r) for record in records for order in plan.orders for e in entries for r in plan.ratios]
+    cells = [
+        (record, order, e.label, r) for record in records for order in plan.orders for e in entries for r in plan.ratios
+    ]
     ids = {cell: experiment.cell_id(_identity(plan, *cell)) for cell in cells}
     done = store.rows()
     for cid in set(ids.values()) & set(done):
         if done[cid]["versions"] != current:
-            raise AtlasError(f"{store.path} holds rows computed by other code or versions ({done[cid]['versions']}, "
-                             f"now {current}): move it away to recompute, rows are never mixed")
+            raise AtlasError(
+                f"{store.path} holds rows computed by other code or versions ({done[cid]['versions']}, "
+                f"now {current}): move it away to recompute, rows are never mixed"
+            )
     missing = [cell for cell in cells if ids[cell] not in done]
     if missing:
         with store.computing():
             done = store.rows()
             missing = [cell for cell in cells if ids[cell] not in done]
             lm = lm or models.load_model(grid.model, dtype=getattr(torch, grid.dtype))
-            bar = Bar(total=len(cells), initial=len(cells) - len(missing), desc="atlas rows", unit="row",
-                      disable=not progress)
+            bar = Bar(
+                total=len(cells), initial=len(cells) - len(missing), desc="atlas rows", unit="row", disable=not progress
+            )
             for record, order in dict.fromkeys((record, order) for record, order, _, _ in missing):
                 note(f"prefilling prompt {record.key} ({order}) for {len(entries)} presses x {len(plan.ratios)} ratios")
                 prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order)
                 start = time.perf_counter()
                 rates = keep_rates(lm, prompt, entries, plan.ratios)
                 seconds = time.perf_counter() - start
-                rows = [{"cell_id": ids[(record, order, label, ratio)], **_identity(plan, record, order, label, ratio),
-                         "keep": rates[(label, ratio)][0], "error": rates[(label, ratio)][1], "n_tokens": prompt.n_tokens,
-                         "prompt_s": seconds, "versions": current}
-                        for (label, ratio) in rates if ids[(record, order, label, ratio)] not in done]
+                rows = [
+                    {
+                        "cell_id": ids[(record, order, label, ratio)],
+                        **_identity(plan, record, order, label, ratio),
+                        "keep": rates[(label, ratio)][0],
+                        "error": rates[(label, ratio)][1],
+                        "n_tokens": prompt.n_tokens,
+                        "prompt_s": seconds,
+                        "versions": current,
+                    }
+                    for (label, ratio) in rates
+                    if ids[(record, order, label, ratio)] not in done
+                ]
                 done.update({row["cell_id"]: row for row in store.append(rows)})
                 bar.update(len(rows))
             bar.close()
@@ -421,7 +490,9 @@ def run(plan: Plan, folder: Path | None = None, progress: bool = True, lm: model
     for span in SPANS:
         frame[f"keep_{span}"] = frame["keep"].map(lambda keep, span=span: keep[span])
     scoring = {e.label: e.scoring for e in entries}
-    return frame.assign(scoring=frame["press"].map(scoring), paper=frame["press"].isin([e.label for e in entries if e.paper]))
+    return frame.assign(
+        scoring=frame["press"].map(scoring), paper=frame["press"].isin([e.label for e in entries if e.paper])
+    )
 
 
 def failures(rows: pd.DataFrame) -> pd.DataFrame:
@@ -430,10 +501,14 @@ def failures(rows: pd.DataFrame) -> pd.DataFrame:
     if failed.empty:
         return pd.DataFrame(columns=["press", "ratio", "failed", "of", "error"])
     total = rows.groupby(["press", "ratio"], observed=True).size()
-    return (failed.groupby(["press", "ratio"], observed=True, sort=False)
-            .agg(failed=("key", "size"), error=("error", "first")).reset_index()
-            .assign(of=lambda t: [int(total[(p, r)]) for p, r in zip(t["press"], t["ratio"])])
-            [["press", "ratio", "failed", "of", "error"]])
+    return (
+        failed.groupby(["press", "ratio"], observed=True, sort=False)
+        .agg(failed=("key", "size"), error=("error", "first"))
+        .reset_index()
+        .assign(of=lambda t: [int(total[(p, r)]) for p, r in zip(t["press"], t["ratio"])])[
+            ["press", "ratio", "failed", "of", "error"]
+        ]
+    )
 
 
 def bias(rows: pd.DataFrame, ratio: float = BIAS_RATIO) -> pd.DataFrame:
@@ -446,8 +521,18 @@ def bias(rows: pd.DataFrame, ratio: float = BIAS_RATIO) -> pd.DataFrame:
     out = []
     for (press, order), group in at.groupby(["press", "order"], sort=False):
         estimate = mean(group["keep_defense"] - group["keep_directive"])
-        out.append({"press": press, "order": order, "bias": estimate.value, "low": estimate.low, "high": estimate.high,
-                    "n": estimate.n, "scoring": group["scoring"].iloc[0], "paper": bool(group["paper"].iloc[0])})
+        out.append(
+            {
+                "press": press,
+                "order": order,
+                "bias": estimate.value,
+                "low": estimate.low,
+                "high": estimate.high,
+                "n": estimate.n,
+                "scoring": group["scoring"].iloc[0],
+                "paper": bool(group["paper"].iloc[0]),
+            }
+        )
     table = pd.DataFrame(out)
     rank = table[table["order"] == table["order"].iloc[0]].sort_values("bias")["press"].tolist()
     return table.assign(press=pd.Categorical(table["press"], rank, ordered=True)).sort_values(["press", "order"])
@@ -462,8 +547,8 @@ BALANCED = "balanced"
 
 def pattern(table: pd.DataFrame) -> pd.DataFrame:
     """Each press's pattern over both orders, from the sign of its bias interval in each (the defense comes first
-    in the normal order, last in the flipped one): ``LATER`` when the later span is kept more in both orders, ``EARLIER``
-    the opposite, ``DEFENSE``/``DIRECTIVE`` when one instruction loses whatever its place, ``BALANCED`` when both
+    in the normal order, last in the flipped one): ``LATER`` when the later span is kept more in both orders,
+    ``EARLIER`` the opposite, ``DEFENSE``/``DIRECTIVE`` when one instruction loses whatever its place, ``BALANCED`` when both
     intervals lie inside +-0.02, else inconclusive."""
     out = []
     for press, group in table.groupby("press", observed=True, sort=False):
@@ -506,9 +591,17 @@ def attack_grid(profile: str, policies: list[str], **overrides) -> experiment.Gr
     if profile not in ATTACK_SCALE:
         raise AtlasError(f"no atlas attack scale for profile {profile!r}: use one of {', '.join(ATTACK_SCALE)}")
     explicit = {k: v for k, v in overrides.items() if v is not None}
-    return experiment.profile(profile, **{
-        "policies": tuple(policies), "variants": ("base", "whitelist", "fair"), "queries": ("attack",),
-        "orders": ("normal",), **ATTACK_SCALE[profile], **explicit})
+    return experiment.profile(
+        profile,
+        **{
+            "policies": tuple(policies),
+            "variants": ("base", "whitelist", "fair"),
+            "queries": ("attack",),
+            "orders": ("normal",),
+            **ATTACK_SCALE[profile],
+            **explicit,
+        },
+    )
 
 
 def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -516,12 +609,22 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (policy, variant, ratio), group in rows.groupby(["policy", "variant", "ratio"], sort=False):
         refused, leaked = mean(group["refused"]), mean(group["leaked"])
-        out.append({"press": get_policy(policy).label, "variant": variant, "ratio": ratio, "n": refused.n,
-                    "refused": str(refused), "leaked": str(leaked)})
+        out.append(
+            {
+                "press": get_policy(policy).label,
+                "variant": variant,
+                "ratio": ratio,
+                "n": refused.n,
+                "refused": str(refused),
+                "leaked": str(leaked),
+            }
+        )
     return pd.DataFrame(out)
 
 
-def paper_vs_us(table: pd.DataFrame, attack_rows: pd.DataFrame | None = None, ratio: float = BIAS_RATIO) -> pd.DataFrame:
+def paper_vs_us(
+    table: pd.DataFrame, attack_rows: pd.DataFrame | None = None, ratio: float = BIAS_RATIO
+) -> pd.DataFrame:
     """Claims in the notebooks' "paper vs us" form (claim, paper, ours, n, verdict), collated into SUMMARY.md.
 
     Per press: "the later span is kept more in both orders" (the paper's pitfall, Section 4.5): holds when both
@@ -532,29 +635,80 @@ def paper_vs_us(table: pd.DataFrame, attack_rows: pd.DataFrame | None = None, ra
     for press, group in table.groupby("press", observed=True, sort=False):
         by_order = {row.order: Estimate(row.bias, row.low, row.high, row.n) for row in group.itertuples()}
         parts = [decide(by_order["normal"], below=0.0), decide(by_order["flipped"], above=0.0)]
-        paper = "the pitfall of Section 4.5 (Fig 7)" if bool(group["paper"].iloc[0]) else "not measured (beyond the paper)"
+        paper = (
+            "the pitfall of Section 4.5 (Fig 7)" if bool(group["paper"].iloc[0]) else "not measured (beyond the paper)"
+        )
         ours = f"bias normal {by_order['normal'].signed()}, flipped {by_order['flipped'].signed()}"
-        out.append({"claim": f"{press}: the later span is kept more in both orders (r = {ratio:g})", "paper": paper,
-                    "ours": ours, "n": by_order["normal"].n, "verdict": all_of(parts)})
+        out.append(
+            {
+                "claim": f"{press}: the later span is kept more in both orders (r = {ratio:g})",
+                "paper": paper,
+                "ours": ours,
+                "n": by_order["normal"].n,
+                "verdict": all_of(parts),
+            }
+        )
     if attack_rows is not None:
         for policy, rows in attack_rows.groupby("policy", sort=False):
             label = get_policy(policy).label
-            refused = lambda variant, r, rows=rows: rows[(rows["variant"] == variant) & (rows["ratio"] == r)].set_index("key")["refused"]
+            refused = lambda variant, r, rows=rows: rows[(rows["variant"] == variant) & (rows["ratio"] == r)].set_index(
+                "key"
+            )["refused"]
             lost = difference(refused("base", ratio), refused("base", 0.0))
             kept = difference(refused("whitelist", ratio), refused("base", ratio))
-            out.append({"claim": f"{label}: compression loses the refusal (base, r = {ratio:g} vs 0)", "paper":
-                        "lost for the paper's five (Pitfall 4)", "ours": f"refusal change {lost.signed()}", "n": lost.n,
-                        "verdict": decide(lost, below=0.0)})
-            out.append({"claim": f"{label}: the whitelist restores the refusal (r = {ratio:g})", "paper":
-                        "restored for the paper's five (Fig 8)", "ours": f"whitelist - base {kept.signed()}", "n": kept.n,
-                        "verdict": decide(kept, above=0.0)})
+            out.append(
+                {
+                    "claim": f"{label}: compression loses the refusal (base, r = {ratio:g} vs 0)",
+                    "paper": "lost for the paper's five (Pitfall 4)",
+                    "ours": f"refusal change {lost.signed()}",
+                    "n": lost.n,
+                    "verdict": decide(lost, below=0.0),
+                }
+            )
+            out.append(
+                {
+                    "claim": f"{label}: the whitelist restores the refusal (r = {ratio:g})",
+                    "paper": "restored for the paper's five (Fig 8)",
+                    "ours": f"whitelist - base {kept.signed()}",
+                    "n": kept.n,
+                    "verdict": decide(kept, above=0.0),
+                }
+            )
     return pd.DataFrame(out)
 
 
 def bias_curve(rows: pd.DataFrame) -> pd.DataFrame:
     """Mean keep rate of each span per press, order and ratio (the atlas's curves)."""
-    return rows.groupby(["press", "order", "ratio"], observed=True, sort=False)[[f"keep_{s}" for s in SPANS]].mean().reset_index()
+    return (
+        rows.groupby(["press", "order", "ratio"], observed=True, sort=False)[[f"keep_{s}" for s in SPANS]]
+        .mean()
+        .reset_index()
+    )
 
 
-__all__ = ["ATLAS_RATIOS", "ATTACK_RATIOS", "BIAS_RATIO", "CATALOG", "PLANS", "AtlasError", "Entry", "Plan", "attack_grid", "attack_table", "bias", "bias_curve", "most_biased", "paper_vs_us",
-           "describe", "failures", "keep_rates", "kept_mask", "kvpress_presses", "pattern", "plan", "run", "runnable", "skipped"]
+__all__ = [
+    "ATLAS_RATIOS",
+    "ATTACK_RATIOS",
+    "BIAS_RATIO",
+    "CATALOG",
+    "PLANS",
+    "AtlasError",
+    "Entry",
+    "Plan",
+    "attack_grid",
+    "attack_table",
+    "bias",
+    "bias_curve",
+    "most_biased",
+    "paper_vs_us",
+    "describe",
+    "failures",
+    "keep_rates",
+    "kept_mask",
+    "kvpress_presses",
+    "pattern",
+    "plan",
+    "run",
+    "runnable",
+    "skipped",
+]

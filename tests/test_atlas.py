@@ -68,7 +68,10 @@ def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_pr
             alone = _Alone(entry, ratio)
             with alone(smollm.model):
                 smollm.model.model(input_ids=normal_prompt.ids)
-            assert together[(entry.label, ratio)] == (atlas.span_rates(alone.masks, normal_prompt.spans), None), (entry.label, ratio)
+            assert together[(entry.label, ratio)] == (atlas.span_rates(alone.masks, normal_prompt.spans), None), (
+                entry.label,
+                ratio,
+            )
     differs = {e.label for e in entries if together[(e.label, 0.7)] != together[("SnapKV", 0.7)]}
     assert len(differs) >= len(entries) - 3  # the presses are not one press under many names
 
@@ -98,19 +101,35 @@ def test_run_stores_rows_resumes_and_refuses_other_code(smollm, tmp_path, monkey
 
 
 def _frame(biases: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
-    rows = [{"press": press, "order": order, "ratio": 0.5, "key": k, "keep_defense": 0.5 + d / 2,
-             "keep_directive": 0.5 - d / 2, "scoring": "independent", "paper": False}
-            for (press, order), values in biases.items() for k, d in enumerate(values)]
+    rows = [
+        {
+            "press": press,
+            "order": order,
+            "ratio": 0.5,
+            "key": k,
+            "keep_defense": 0.5 + d / 2,
+            "keep_directive": 0.5 - d / 2,
+            "scoring": "independent",
+            "paper": False,
+        }
+        for (press, order), values in biases.items()
+        for k, d in enumerate(values)
+    ]
     return pd.DataFrame(rows)
 
 
 N = 20
 BIASES = {  # per-prompt biases (defense - directive keep rate) of five made-up presses in both orders
-    ("late", "normal"): [-0.4 + 0.01 * k for k in range(N)], ("late", "flipped"): [0.4 - 0.01 * k for k in range(N)],
-    ("early", "normal"): [0.3] * N, ("early", "flipped"): [-0.3 + 0.001 * k for k in range(N)],
-    ("defense", "normal"): [-0.2] * N, ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(N)],
-    ("even", "normal"): [0.005 * (-1) ** k for k in range(N)], ("even", "flipped"): [0.001 * (-1) ** k for k in range(N)],
-    ("noisy", "normal"): [0.5 * (-1) ** k for k in range(N)], ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(N)],
+    ("late", "normal"): [-0.4 + 0.01 * k for k in range(N)],
+    ("late", "flipped"): [0.4 - 0.01 * k for k in range(N)],
+    ("early", "normal"): [0.3] * N,
+    ("early", "flipped"): [-0.3 + 0.001 * k for k in range(N)],
+    ("defense", "normal"): [-0.2] * N,
+    ("defense", "flipped"): [-0.25 + 0.001 * k for k in range(N)],
+    ("even", "normal"): [0.005 * (-1) ** k for k in range(N)],
+    ("even", "flipped"): [0.001 * (-1) ** k for k in range(N)],
+    ("noisy", "normal"): [0.5 * (-1) ** k for k in range(N)],
+    ("noisy", "flipped"): [0.4 * (-1) ** k for k in range(N)],
 }
 
 
@@ -120,8 +139,13 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
     assert list(table[table["order"] == "normal"]["press"]) == ["late", "defense", "even", "noisy", "early"]
     assert table[(table["press"] == "late") & (table["order"] == "normal")]["bias"].iloc[0] == pytest.approx(-0.305)
     patterns = atlas.pattern(table).set_index("press")["pattern"]
-    assert patterns.to_dict() == {"late": atlas.LATER, "defense": atlas.DEFENSE, "even": atlas.BALANCED,
-                                  "noisy": "inconclusive", "early": atlas.EARLIER}
+    assert patterns.to_dict() == {
+        "late": atlas.LATER,
+        "defense": atlas.DEFENSE,
+        "even": atlas.BALANCED,
+        "noisy": "inconclusive",
+        "early": atlas.EARLIER,
+    }
     with pytest.raises(AtlasError, match="no atlas rows at r = 0.3"):
         atlas.bias(rows, ratio=0.3)
     with pytest.raises(AtlasError, match="needs both orders"):
@@ -131,8 +155,13 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
 def test_paper_vs_us_claims_read_both_orders_and_the_paired_refusals():
     rows = _frame(BIASES)
     refusals = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
-    attacked = pd.DataFrame([{"policy": "snapkv", "variant": v, "ratio": r, "key": k, "refused": float(x)}
-                             for (v, r), values in refusals.items() for k, x in enumerate(values)])
+    attacked = pd.DataFrame(
+        [
+            {"policy": "snapkv", "variant": v, "ratio": r, "key": k, "refused": float(x)}
+            for (v, r), values in refusals.items()
+            for k, x in enumerate(values)
+        ]
+    )
     claims = atlas.paper_vs_us(atlas.bias(rows), attacked).set_index("claim")["verdict"].to_dict()
     assert claims == {
         "late: the later span is kept more in both orders (r = 0.5)": "holds",
@@ -157,5 +186,6 @@ def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, reco
     rows = _frame({("a", "normal"): [0.1, 0.2, float("nan")], ("a", "flipped"): [0.1, 0.2, 0.3]})
     rows["error"] = [None, None, "AssertionError: x", None, None, None]
     assert atlas.bias(rows).set_index("order")["n"].to_dict() == {"normal": 2, "flipped": 3}
-    assert atlas.failures(rows).to_dict("records") == [{"press": "a", "ratio": 0.5, "failed": 1, "of": 6,
-                                                        "error": "AssertionError: x"}]
+    assert atlas.failures(rows).to_dict("records") == [
+        {"press": "a", "ratio": 0.5, "failed": 1, "of": 6, "error": "AssertionError: x"}
+    ]
