@@ -396,8 +396,8 @@ def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) ->
     long = curves.melt(id_vars=["press", "order", "ratio"], value_vars=["keep_defense", "keep_directive"],
                        var_name="span", value_name="keep rate")
     long["span"] = long["span"].str.removeprefix("keep_")
-    grid = sns.relplot(data=long, x="ratio", y="keep rate", hue="span", style="order", col="press", col_wrap=6, col_order=presses,
-                       kind="line", marker="o", markersize=3, height=1.8, aspect=1.0)
+    grid = sns.relplot(data=long, x="ratio", y="keep rate", hue="span", style="order", col="press", col_wrap=6,
+                       col_order=presses, kind="line", marker="o", markersize=3, height=1.8, aspect=1.0)
     grid.set_axis_labels("r", "keep rate")
     grid.set_titles("{col_name}", size=8)
     suptitle(grid.figure, title)
