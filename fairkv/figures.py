@@ -370,7 +370,7 @@ def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> 
 def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
     """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
     both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey."""
-    presses = list(table["press"].cat.categories if hasattr(table["press"], "cat") else dict.fromkeys(table["press"]))
+    presses = list(table["press"].cat.categories)  # atlas.bias's ranking
     fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
     for ax, order in zip(axes, ("normal", "flipped")):
         part = table[table["order"] == order].set_index("press").reindex(presses)
