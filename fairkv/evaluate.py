@@ -1,12 +1,13 @@
 """One system prompt through policies and ratios: one prefill scores every policy (``engine``), each cell is cut from
-it, then the benign and the attack query are answered at batch size 1.
+it, then every cell's benign and attack query are answered together in one running batch
+(``generation.answer_batch``, as the experiment engine decodes).
 
 Each cell (policy, ratio) yields one row: the two responses, IFEval accuracy of the benign response, ROUGE-L leakage
 of the attack response against every span's reference (directive, defense), keep rate per span, and timings. The
 uncompressed cell (r = 0) is computed once and shared by every policy (a ScorerPress at r = 0 keeps everything; a
-test checks the responses are identical).
+test checks the responses are identical). ``decode_s`` is the cell's share of the batch's wall time.
 
-Scope: a single prompt, serially; sweeps over many prompts with a results store are the experiment engine's job.
+Scope: a single prompt; sweeps over many prompts with a results store are the experiment engine's job.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from fairkv import engine, metrics
 from fairkv.data import Record
-from fairkv.generation import Compressed, answer
+from fairkv.generation import Answer, Compressed, answer_batch
 from fairkv.models import LoadedModel
 from fairkv.presses import check_ratio, get_policy
 from fairkv.progress import Bar
@@ -64,10 +65,8 @@ def span_table(prompt: Prompt) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens: int) -> dict:
-    benign = answer(lm, compressed, prompt.query_ids(record.user), max_new_tokens)
-    attacked = answer(lm, compressed, prompt.query_ids(attack), max_new_tokens)
-    row = {
+def _row(record, prompt, compressed: Compressed, benign: Answer, attacked: Answer) -> dict:
+    return {
         "key": record.key,
         "n_prefix": prompt.n_tokens,
         **metrics.benign_scores(record, benign.text),
@@ -79,7 +78,6 @@ def _row(lm, record, prompt, compressed: Compressed, attack: str, max_new_tokens
         "decode_s": benign.seconds + attacked.seconds,
         "new_tokens": benign.n_tokens + attacked.n_tokens,
     }
-    return row
 
 
 def evaluate_prompt(
@@ -97,21 +95,21 @@ def evaluate_prompt(
     for policy in policies:
         get_policy(policy)
     prefilled = engine.prefill(lm, prompt, tuple(policies))  # scores every policy once (score once, cut many)
-    bar = Bar(total=len(policies) * sum(r > 0 for r in ratios) + (0.0 in ratios), desc="cells", disable=not progress)
-    baseline = None
-    if 0.0 in ratios:
-        baseline = _row(lm, record, prompt, engine.cut(prefilled, None, 0.0), attack, max_new_tokens)
+    cells = [(None, 0.0)] if 0.0 in ratios else []  # r = 0: one cell shared by every policy
+    cells += [(policy, ratio) for policy in policies for ratio in ratios if ratio > 0]
+    bar = Bar(total=len(cells), desc="cells", disable=not progress)
+    compressed = {}
+    for policy, ratio in cells:
+        compressed[(policy, ratio)] = engine.cut(prefilled, policy, ratio)
         bar.update()
+    bar.close()
+    queries = (prompt.query_ids(record.user), prompt.query_ids(attack))
+    answers = iter(answer_batch(lm, [(c, q) for c in compressed.values() for q in queries], max_new_tokens))
+    done = {cell: _row(record, prompt, c, next(answers), next(answers)) for cell, c in compressed.items()}
     rows, maps = [], {}
     for policy in policies:
         for ratio in ratios:
-            if ratio == 0.0:
-                rows.append({"policy": policy, "ratio": 0.0, **baseline})
-                maps[(policy, 0.0)] = metrics.keep_map({}, prompt.n_tokens)
-                continue
-            compressed = engine.cut(prefilled, policy, ratio)
-            rows.append({"policy": policy, "ratio": ratio, **_row(lm, record, prompt, compressed, attack, max_new_tokens)})
-            maps[(policy, ratio)] = metrics.keep_map(compressed.kept, prompt.n_tokens)
-            bar.update()
-    bar.close()
+            cell = (None, 0.0) if ratio == 0.0 else (policy, ratio)
+            rows.append({"policy": policy, "ratio": ratio, **done[cell]})
+            maps[(policy, ratio)] = metrics.keep_map(compressed[cell].kept, prompt.n_tokens)
     return Evaluation(prompt=prompt, rows=pd.DataFrame(rows), keep_maps=maps, model=lm.name)

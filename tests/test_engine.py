@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fairkv import attention, engine, generation
+from fairkv.evaluate import evaluate_prompt
 from fairkv.presses import POLICIES, WhitelistError
 
 SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair+whitelist", 1.0)]
@@ -80,3 +81,16 @@ def test_grouped_attention_is_eager_attention(dtype, tolerance):
     got, weights = attention_patch(attention.grouped_attention)(module, query, key, value, mask, 0.0, scaling=0.25)
     assert weights is None and got.shape == expected.shape == (3, 2, 12, 16)
     assert torch.allclose(got.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_evaluate_prompt_answers_each_cell_as_alone(smollm, records, normal_prompt, prefilled, attack):
+    """The quickstart's evaluation decodes every cell in one batch: each row holds its own cell's two answers, the
+    r = 0 row is shared by every policy."""
+    record = records[0]
+    evaluation = evaluate_prompt(smollm, record, normal_prompt, attack, ["streamingllm", "knorm"], [0.0, 0.5], 16, False)
+    assert len(evaluation.rows) == 4
+    for row in evaluation.rows.itertuples():
+        cut = engine.cut(prefilled, row.policy if row.ratio else None, row.ratio)
+        benign, attacked = (generation.answer(smollm, cut, normal_prompt.query_ids(q), 16) for q in (record.user, attack))
+        assert (row.benign_response, row.attack_response) == (benign.text, attacked.text), (row.policy, row.ratio)
+    assert evaluation.rows.groupby("ratio")["attack_response"].nunique().to_dict() == {0.0: 1, 0.5: 2}
