@@ -354,7 +354,7 @@ def fair_eviction(rows: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
                       verdicts.all_of(parts), min(e.n for e in scores.values())))
     both = pd.concat([rows, flipped], ignore_index=True)
     need_ratios(flipped, (PEAK,))
-    gap = verdicts.resampled(both, lambda f: _order_gap(f, PEAK))
+    gap = verdicts.resampled(both[both["query"] == "benign"], lambda f: _order_gap(f, PEAK))  # the accuracy side's prompts
     out.append(_claim(f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped|, r = {PEAK:g})",
                       "order effects largely removed", f"gap base - gap fair {gap.signed()}",
                       verdicts.decide(gap, above=0), gap.n))

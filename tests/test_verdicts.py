@@ -122,3 +122,35 @@ def test_summary_counts_the_three_verdicts(tmp_path):
     summary = paper.write_summary(tmp_path, "t").read_text()
     assert "In all, 3 claims: 1 holds, 1 fails, 1 inconclusive." in summary
     assert "## Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in summary and "0.5 [0.2, 0.8]" in summary
+
+
+def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10) -> pd.DataFrame:
+    """Rows of the fair-eviction study in one order: attack rows (directive leakage) on ``n_attack`` prompts, benign
+    rows (accuracy) on the first ``n_benign``, as the cpu profile runs its two sides. StreamingLLM's accuracy at every
+    r > 0: 1 base / 0.5 fair in the normal order, 0 base / 0.5 fair flipped; fair halves leakage everywhere."""
+    accuracy = {("normal", "base"): 1.0, ("flipped", "base"): 0.0}
+    rows = []
+    for policy in ("streamingllm", "snapkv"):
+        for variant in variants:
+            for ratio in (0.0, 0.4, 0.5, 0.6, 0.7):
+                for key in range(n_attack):
+                    leak = 0.0 if ratio == 0 else (0.4 if variant == "base" else 0.2)
+                    rows.append({"key": key, "policy": policy, "variant": variant, "order": order, "ratio": ratio,
+                                 "query": "attack", analysis.LEAKAGE: leak + 0.01 * (key % 3)})
+                for key in range(n_benign):
+                    rows.append({"key": key, "policy": policy, "variant": variant, "order": order, "ratio": ratio,
+                                 "query": "benign", analysis.ACCURACY: accuracy.get((order, variant), 0.5)})
+    return pd.DataFrame(rows)
+
+
+def test_fair_eviction_claims_count_the_prompts_of_their_own_side():
+    """Leakage claims read the 20 attack prompts; the order-gap claim reads accuracy, which only 10 prompts have: its
+    n is 10 (a bootstrap over all 20 would draw prompts without accuracy and report n = 20). The gap shrinks from 1 to
+    0 on every prompt: holds."""
+    claims = paper.fair_eviction(fair_rows("normal", ("base", "whitelist", "fair")),
+                                 fair_rows("flipped", ("base", "fair"))).set_index("claim")
+    leakage = claims.filter(like="lowers StreamingLLM directive leakage", axis=0)
+    assert leakage["n"].tolist() == [20] and leakage["verdict"].tolist() == [HOLDS]
+    gap = claims.filter(like="order effect", axis=0)
+    assert gap["n"].tolist() == [10] and gap["verdict"].tolist() == [HOLDS]
+    assert "+1.00 [+1.00, +1.00]" in gap["ours"].iloc[0]
