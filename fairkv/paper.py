@@ -562,6 +562,10 @@ def beyond(spans: pd.DataFrame, attacks: pd.DataFrame, defenses: pd.DataFrame, l
     return pd.DataFrame(out)
 
 
+class SummaryError(ValueError):
+    """A paper-vs-us table the summary cannot count."""
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md, with the
     count of claims that hold, fail and are inconclusive, per notebook and in all."""
@@ -570,6 +574,11 @@ def write_summary(folder: Path, title: str) -> Path:
     if not tables:
         raise FileNotFoundError(f"no *_paper_vs_us.md table under {folder / 'tables'}: run the notebooks first")
     counted = lambda claims: ", ".join(f"{int((claims['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
+    stale = [table.with_suffix(".csv").name for table in tables
+             if "verdict" not in pd.read_csv(table.with_suffix(".csv"), nrows=0).columns]
+    if stale:
+        raise SummaryError(f"{', '.join(stale)} has no verdict column (written by an older fairkv, before claims had "
+                           f"verdicts): re-run notebook {', '.join(name[:2] for name in stale)} before the summary")
     every = pd.concat([pd.read_csv(table.with_suffix(".csv")) for table in tables])
     parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: our "
              "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the paper "

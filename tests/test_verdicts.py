@@ -122,6 +122,11 @@ def test_summary_counts_the_three_verdicts(tmp_path):
     summary = paper.write_summary(tmp_path, "t").read_text()
     assert "In all, 3 claims: 1 holds, 1 fails, 1 inconclusive." in summary
     assert "## Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in summary and "0.5 [0.2, 0.8]" in summary
+    # a table from before verdicts (a "holds" column of True / False) names itself and the notebook to re-run
+    table.drop(columns="verdict").assign(holds=True).to_csv(tables / "11_paper_vs_us.csv", index=False)
+    (tables / "11_paper_vs_us.md").write_text("old")
+    with pytest.raises(paper.SummaryError, match=r"11_paper_vs_us.csv has no verdict column.*re-run notebook 11"):
+        paper.write_summary(tmp_path, "t")
 
 
 def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10) -> pd.DataFrame:
