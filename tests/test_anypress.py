@@ -63,7 +63,7 @@ class _Probe(BasePress):
 
     def __init__(self, press, spans, local=None):
         self.press, self.spans, self.base, self.local = press, spans, {}, {}
-        self.scorer = local or (lambda press, *args: span_local_scores(press, *args))
+        self.scorer = local or span_local_scores
 
     def post_init_from_model(self, model):
         self.press.post_init_from_model(model)
