@@ -39,7 +39,7 @@ MEASURED_MINUTES = {
            "10": 0.8, "11": 3.0, "12": 0.6},
 }
 ESTIMATED_MINUTES = {
-    "cpu": {"00": 5, "01": 6, "02": 10, "03": 18, "04": 5, "05": 29, "06": 38, "07": 39, "08": 10, "09": 5, "10": 20,
+    "cpu": {"00": 1, "01": 6, "02": 10, "03": 18, "04": 5, "05": 29, "06": 38, "07": 39, "08": 10, "09": 8, "10": 35,
             "11": 20, "12": 43},
 }
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
