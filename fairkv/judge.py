@@ -31,6 +31,7 @@ from fairkv.paths import results_dir
 from fairkv.progress import Bar
 from fairkv.store import ResultsStore
 
+STORE_PREFIX = "judge__"  # a judge's store: results/judge__<judge>.jsonl
 JUDGE_VERSION = "2"  # bump when the prompt or the scoring changes: stored scores of other versions are not reused
 LEAK_SCORE = 2
 DEFAULT_JUDGE = "qwen2.5-coder-1.5b"
@@ -216,7 +217,8 @@ def judge_rows(
     attack = rows[rows["query"] == "attack"]
     if attack.empty:
         raise JudgeError("no attack rows to judge (query == 'attack')")
-    store = ResultsStore((Path(folder) if folder else results_dir()) / f"judge__{judge.name.replace('/', '__')}.jsonl")
+    name = f"{STORE_PREFIX}{judge.name.replace('/', '__')}.jsonl"
+    store = ResultsStore((Path(folder) if folder else results_dir()) / name)
     unique = attack.drop_duplicates("cell_id")
     done = store.rows()
     if any(_cell(judge, c) not in done for c in unique["cell_id"]):

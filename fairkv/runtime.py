@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pandas as pd
+import torch
 
 from fairkv import data, generation, models, prompts
 from fairkv.presses import POLICIES
@@ -36,17 +37,19 @@ class Plan:
     n_prompts: int = 1
     repeats: int = 3
     new_tokens: int = 16
+    dtype: str = "float32"  # the model's precision (the sweeps' profile precision, so the times are theirs)
     note: str = ""
 
 
 PLANS = {
     "ci": Plan("smollm2-135m", repeats=2, note="SmolLM2, H2O, 1 prompt, 2 repeats of 16 tokens: checks the pipeline"),
-    "cpu": Plan("qwen2.5-coder-1.5b", repeats=5, note="Qwen2.5-Coder-1.5B fp32 on 2 CPU cores, H2O (the paper's "
-                "figure), 1 prompt, 5 repeats of 16 new tokens (paper: 256, one RTX A6000); benchmarks/runtime.py "
+    "cpu": Plan("qwen2.5-coder-1.5b", repeats=10, dtype="bfloat16", note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
+                "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
+                "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
                 "measures all five policies"),
     "paper": Plan("meta-llama/Llama-3.1-8B-Instruct", policies=tuple(POLICIES),
-                  ratios=tuple(round(0.1 * i, 1) for i in range(1, 10)), n_prompts=5, repeats=5, new_tokens=256,
-                  note="the paper's setting on a GPU: 256 new tokens, r = 0.1-0.9"),
+                  ratios=tuple(round(0.1 * i, 1) for i in range(1, 10)), n_prompts=5, repeats=10, new_tokens=256,
+                  dtype="bfloat16", note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9"),
 }
 
 
@@ -60,7 +63,7 @@ def plan(profile: str, **overrides) -> Plan:
 
 def run(chosen: Plan, progress: bool = True) -> pd.DataFrame:
     """Load the plan's model and its first prompts of sys_ifeval_shuffled (the paper's prompt) and measure."""
-    lm = models.load_model(chosen.model, device=models.default_device())
+    lm = models.load_model(chosen.model, dtype=getattr(torch, chosen.dtype), device=models.default_device())
     templates = data.load_defense_templates()
     records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=chosen.n_prompts)
     cases = [(prompts.paper_prompt(lm.tokenizer, record, templates), record.user) for record in records]

@@ -44,8 +44,31 @@ def test_a_row_that_differs_is_named_with_its_fields(stored, capsys):
     report = verify.verify(stored, sample=len(rows), progress=False)
     assert report.identical == len(rows) - 2
     assert report.differing == {rows[0]["cell_id"]: ["response"], rows[1]["cell_id"]: ["keep_defense"]}
+    assert report.near_ties == {}  # the edit follows the end of the answer, where end-of-turn clearly led
     assert cli.main(["verify", str(stored), "--sample", str(len(rows))]) == 1
-    assert f"{rows[0]['cell_id']}: differs in response" in capsys.readouterr().out
+    assert f"{rows[0]['cell_id']}: differs in response\n" in capsys.readouterr().out
+
+
+def test_a_response_that_parts_at_a_near_tie_is_told_apart_from_a_defect(stored, smollm, monkeypatch, capsys):
+    """With a tolerance wide enough to call the edited response's parting a tie, that row is a near tie (exit 0), named
+    with where the responses part; a keep rate that differs is a defect whatever the tolerance."""
+    rows = [json.loads(line) for line in complete_lines(stored)]
+    decoded = next(i for i, row in enumerate(rows) if row["query"] != "keep" and row["response"])
+    rows[decoded]["response"] += " (edited)"
+    stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(verify, "TIE_STEPS", 1e12)
+    report = verify.verify(stored, sample=len(rows), progress=False)
+    original = rows[decoded]["response"].removesuffix(" (edited)")
+    parted = len(smollm.tokenizer(original, add_special_tokens=False).input_ids)
+    assert list(report.near_ties) == [rows[decoded]["cell_id"]]
+    assert report.near_ties[rows[decoded]["cell_id"]].startswith(f"token {parted}: ' (' (stored) vs ")
+    assert report.defects == []
+    assert cli.main(["verify", str(stored), "--sample", str(len(rows))]) == 0
+    assert "1 differ after a near tie" in capsys.readouterr().out
+
+    rows[decoded]["keep_defense"] = 0.123
+    stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert verify.verify(stored, sample=len(rows), progress=False).defects == [rows[decoded]["cell_id"]]
 
 
 def test_rows_of_other_code_are_refused(stored):
@@ -54,3 +77,11 @@ def test_rows_of_other_code_are_refused(stored):
     stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(verify.VerifyError, match=r"1 of \d+ rows were computed by other result code"):
         verify.verify(stored, sample=3, progress=False)
+
+
+def test_rows_that_are_not_a_sweeps_are_refused(tmp_path):
+    """A judge's scores (no prompt, setting or query) cannot be rebuilt as a sweep's cell: a clear error."""
+    path = tmp_path / "judge__smollm2-135m.jsonl"
+    path.write_text(json.dumps({"cell_id": "a1", "judge": "smollm2-135m", "judge_score": 0, "schema": 1}) + "\n")
+    with pytest.raises(verify.VerifyError, match=r"1 of 1 rows are not a sweep's rows \(no dataset, dtype"):
+        verify.verify(path, sample=1, progress=False)
