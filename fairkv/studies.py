@@ -112,7 +112,10 @@ SCALE: dict[str, dict[str, dict]] = {
         # 50 per defense template
         "spans": dict(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
         "attacks": dict(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
-        "defenses": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS),
+        # 64 answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
+        # prompts held until its batch drains) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v)
+        "defenses": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS,
+                         batch_size=64),
     },
     "paper": {
         # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, judge, longbench, runtime
+from fairkv import analysis, data, experiment, judge, longbench, runtime, verdicts
 from fairkv.longbench import LongBenchError
 
 
@@ -106,6 +106,14 @@ def test_runtime_summary_ratios_to_base():
     assert summary.loc["fair", "compress_per_100_vs_base"] == pytest.approx(1.5)
     assert summary.loc["fair", "decode_per_100_vs_base"] == pytest.approx(1.0)
     assert summary.loc["base", "throughput"] == pytest.approx(20.0)
+
+
+def test_runtime_plans_time_enough_repeats_to_decide_at_their_profiles_precision():
+    """The runtime claims bootstrap over repeats: fewer than MIN_BOOTSTRAP decide nothing (the cpu plan once timed 5)."""
+    for name in ("cpu", "paper"):
+        chosen = runtime.plan(name)
+        assert chosen.repeats >= verdicts.MIN_BOOTSTRAP
+        assert chosen.dtype == experiment.profile(name).dtype
 
 
 @pytest.mark.slow
