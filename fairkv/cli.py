@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "verify":
-        sweeps = [path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)]
-        return run_verify([Path(p) for p in args.paths] or sweeps, args.sample, args.seed)
+        paths = [Path(p) for p in args.paths] or [
+            path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)]
+        return run_verify(paths, args.sample, args.seed)
     if args.command == "audit":
         return run_audit(args)
     if args.command == "store":

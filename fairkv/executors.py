@@ -32,7 +32,8 @@ from fairkv import metrics, models
 
 KINDS = ("serial", "ray")
 _SHARED: dict[tuple, models.LoadedModel] = {}  # the one model this process's serial runs share, by what loads it
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+_LIBC = ctypes.util.find_library("c")
+_MALLOC_TRIM = getattr(ctypes.CDLL(_LIBC), "malloc_trim", None) if _LIBC else None  # glibc's; absent on macOS
 
 
 class ExecutorError(RuntimeError):
@@ -69,8 +70,8 @@ def shared_model(job, device: str | None) -> models.LoadedModel:
 def release_memory() -> None:
     """Return the heap pages freed so far to the operating system (glibc's ``malloc_trim``; a no-op where the C
     library has none, such as macOS)."""
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class _Worker:

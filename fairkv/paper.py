@@ -574,19 +574,18 @@ def write_summary(folder: Path, title: str) -> Path:
     if not tables:
         raise FileNotFoundError(f"no *_paper_vs_us.md table under {folder / 'tables'}: run the notebooks first")
     counted = lambda claims: ", ".join(f"{int((claims['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
-    stale = [table.with_suffix(".csv").name for table in tables
-             if "verdict" not in pd.read_csv(table.with_suffix(".csv"), nrows=0).columns]
+    frames = {table: pd.read_csv(table.with_suffix(".csv")) for table in tables}
+    stale = [table.with_suffix(".csv").name for table, claims in frames.items() if "verdict" not in claims.columns]
     if stale:
         raise SummaryError(f"{', '.join(stale)} has no verdict column (written by an older fairkv, before claims had "
                            f"verdicts): re-run notebook {', '.join(name[:2] for name in stale)} before the summary")
-    every = pd.concat([pd.read_csv(table.with_suffix(".csv")) for table in tables])
+    every = pd.concat(frames.values())
     parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: our "
              "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the paper "
              "says), fails (it lies outside) or is inconclusive (it straddles).\n",
              f"In all, {len(every)} claims: {counted(every)}. Rows computed by fairkv's result code "
              f"{code_fingerprint()} (``fairkv.fingerprint``).\n"]
-    for table in tables:
-        claims = pd.read_csv(table.with_suffix(".csv"))
+    for table, claims in frames.items():
         parts.append(f"## Notebook {table.name[:2]}: {counted(claims)} (of {len(claims)})\n")
         parts.append(table.read_text())
     summary = folder / "SUMMARY.md"
