@@ -33,8 +33,7 @@ AUDIT_MODEL = "qwen2.5-coder-1.5b"
 # adds (cells an earlier notebook computed are not counted again) times the costs per row measured on its first rows
 # (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer 0.22 s); 08 and 10 from their
 # earlier measurements scaled to their prompts; 09 (4 min 52 s), 11 (18 min 12 s, 12.1 GB peak) and 12 (43 min 8 s from
-# an empty atlas store, 12.2 GB peak, plus 1 h 55 min for the wrappers' float32 attack side, 13.4 GB peak, measured on
-# a Zen 3 CPU without bfloat16 arithmetic) measured.
+# an empty atlas store, 12.2 GB peak, plus 39 min 27 s for the wrappers' attack side, 11.5 GB peak) measured.
 # Rows already in the store cost nothing.
 MEASURED_MINUTES = {
     "ci": {"00": 0.8, "01": 0.4, "02": 0.6, "03": 0.8, "04": 0.3, "05": 0.8, "06": 1.0, "07": 0.4, "08": 0.5, "09": 0.7,
@@ -42,7 +41,7 @@ MEASURED_MINUTES = {
 }
 ESTIMATED_MINUTES = {
     "cpu": {"00": 1, "01": 6, "02": 10, "03": 18, "04": 5, "05": 29, "06": 38, "07": 39, "08": 10, "09": 5, "10": 35,
-            "11": 18, "12": 158},
+            "11": 18, "12": 83},
 }
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})

@@ -29,7 +29,12 @@ zero. Every row here decodes that way, whatever the press; decoding otherwise is
 Rows: ``attack`` computes an ``atlas.attack_grid`` of presses ``register``-ed here with the sweep's cell identities,
 task plan, row fields and collection (``fairkv.experiment``), one prefill per prompt for every setting, into a store
 of their own (``store_path``) whose rows carry the code fingerprint extended by this module, ``anypress`` and
-``atlas`` (``versions``): never mixed with the engine's rows.
+``atlas`` (``versions``): never mixed with the engine's rows. They run at the grid's precision, the profile's as for
+every other row (cpu: bfloat16). Measured on the first 4 prompts of notebook 12's four wrapped presses, model loaded
+(``benchmarks/results/wrappers_precision_qwen.txt``): on an AVX512-BF16 CPU 24.9 s per prompt in bfloat16 against
+40.2 s in float32, refusals within 1 of 12 per press and ratio; on a CPU without bfloat16 arithmetic (AMD EPYC Zen 3,
+AVX2) bfloat16 took 209 s per prompt and float32 64 s: there ``dtype="float32"`` is the faster choice, a precision of
+its own (part of every cell's identity, so never mixed with bfloat16 rows).
 """
 
 from __future__ import annotations
@@ -57,8 +62,6 @@ from fairkv.store import ResultsStore
 
 HEAD_MASKED = "fairkv_head_masked"
 EXTENSION = ("wrappers.py", "anypress.py", "atlas.py")  # the code besides RESULT_CODE that decides these rows
-# The precision of these rows per profile where it is not the profile's (see ``attack_grid``)
-PRECISION = {"cpu": "float32"}
 
 
 def head_masked_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -252,16 +255,6 @@ def register(names) -> list[str]:
     return [anypress.key(e) for e in chosen]
 
 
-def attack_grid(profile: str, policies: list[str], **overrides) -> experiment.Grid:
-    """``atlas.attack_grid`` of ``register``-ed keys, in the precision ``PRECISION`` names for the profile.
-
-    The cpu profile runs bfloat16 (measured fast on an AVX512-BF16 CPU); these presses run every press at every
-    setting on the prefill and were computed on a CPU without it (AMD EPYC Zen 3, AVX2), where one prompt's 37
-    answers took 209 s in bfloat16 and 64 s in float32: their committed rows are float32, a precision of their own
-    (part of every cell's identity, never mixed with the engine's bfloat16 rows)."""
-    return atlas.attack_grid(profile, policies, **{"dtype": PRECISION.get(profile), **overrides})
-
-
 def versions() -> dict[str, str]:
     """The versions these rows carry: the result code's fingerprint extended by ``EXTENSION``."""
     return {**metrics.versions(), "code": f"{module_fingerprint(RESULT_CODE)}+{module_fingerprint(EXTENSION)}"}
@@ -324,7 +317,6 @@ def attack(grid: experiment.Grid, folder: Path, progress: bool = True,
 __all__ = [
     "HEAD_MASKED",
     "attack",
-    "attack_grid",
     "compressed",
     "head_masked_attention",
     "head_masking",
