@@ -27,10 +27,12 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 reproduce: setup
 	$(BIN)/fairkv reproduce -p profile $(PROFILE)
 
-# every test run computes into a fresh results folder: nothing is replayed from an earlier run's store
+# every test run computes into a fresh results folder: nothing is replayed from an earlier run's store. Two workers
+# (pytest-xdist): the notebooks in one, in order; the tests' groups in the other (tests/conftest.py)
 test: setup
-	@results=$$(mktemp -d) && FAIRKV_RESULTS_DIR=$$results $(BIN)/python -m pytest tests notebooks --durations=15 --nbval \
-		--nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; rm -rf $$results; exit $$status
+	@results=$$(mktemp -d) && FAIRKV_RESULTS_DIR=$$results $(BIN)/python -m pytest tests notebooks -n 2 \
+		--durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; \
+		rm -rf $$results; exit $$status
 
 # a developer's edit-test loop: no language model, nothing slow (tiers: tests/conftest.py)
 test-fast: setup

@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+import torch
 
 from fairkv import data, models, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist each worker takes its share of the cores, and so do the processes it starts (notebook kernels,
+# sweeps): two processes of two OpenMP threads each on two cores spin against each other and run many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    torch.set_num_threads(THREADS)
+
 
 @pytest.fixture(scope="session")
 def smollm() -> models.LoadedModel:
     return models.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def qwen() -> models.LoadedModel:
+    """The cpu profile's model at its precision (Qwen2.5-Coder-1.5B, bfloat16, eager attention as the engine needs),
+    loaded once and shared by every Qwen check: defense compliance and the judge."""
+    return models.load_model("qwen2.5-coder-1.5b", dtype=torch.bfloat16)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +60,7 @@ def normal_prompt(smollm, records, templates) -> prompts.Prompt:
 # Tiers, set here and nowhere else: `model` (loads a language model: directly, through a fixture, or in a child
 # process), `data` (reads the reference data in data/), `slow` (Qwen, Ray, killed subprocesses, Chromium, notebooks).
 # `make test-fast` runs what is neither `model` nor `slow`.
-MODEL_FIXTURES = {"smollm", "hf_folder", "reference", "serial_rows", "report"}
+MODEL_FIXTURES = {"smollm", "qwen", "hf_folder", "reference", "serial_rows", "report"}
 DATA_FIXTURES = {"records", "templates", "attack", "normal_prompt"}
 
 
@@ -54,16 +70,66 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: Qwen, Ray, killed subprocesses, Chromium, notebooks: seconds to minutes")
 
 
+# Workers (`make test` runs pytest-xdist, two workers): the notebooks run in one worker, in order, as without xdist
+# (nbval keeps one kernel per notebook, and later notebooks reuse the rows earlier ones put in the run's results store);
+# the Qwen checks (tests named test_qwen_*) in one worker, so Qwen is loaded once; every other test with the rest of
+# its module, so a module's fixtures are computed once; a free worker takes the next group, largest first. The groups
+# are scopes of xdist's loadscope scheduler (xdist's own xdist_group marks rename node ids, which pytest 9 ignores).
+NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
+
+
+def worker_group(nodeid: str) -> str:
+    path, _, name = nodeid.partition("::")
+    if path.endswith(".ipynb"):
+        return NOTEBOOKS_GROUP
+    return QWEN_GROUP if name.startswith("test_qwen") else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called only where it runs
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return Groups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.path.suffix == ".ipynb":  # nbval: a notebook cell runs a model
             item.add_marker("slow")
             item.add_marker("model")
+        if "qwen" in fixtures:
+            if not item.name.startswith("test_qwen"):
+                raise pytest.UsageError(f"{item.nodeid} loads Qwen: name it test_qwen_* (its worker group)")
+            item.add_marker("slow")
         if fixtures & MODEL_FIXTURES or item.get_closest_marker("slow"):
             item.add_marker("model")
         if fixtures & DATA_FIXTURES or item.path.name == "test_data.py":
             item.add_marker("data")
+
+
+SLOWEST = 5  # items named at the end of every run, so that a slow drift is seen
+STARTED = time.monotonic()  # when pytest imported this file: the run's start, collection included
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The run's wall time and its slowest items (setup, call and teardown together), the last thing pytest prints
+    before its result line; under xdist the items ran side by side, so their times add up to more than the wall."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    if not seconds:
+        return
+    wall = time.monotonic() - STARTED
+    terminalreporter.section(f"wall time {wall / 60:.0f} min {wall % 60:.0f} s; the {SLOWEST} slowest items")
+    for nodeid, spent in sorted(seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]:
+        terminalreporter.write_line(f"{spent:8.1f} s  {nodeid}")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -162,7 +162,8 @@ def test_report_json_and_html_render_in_chromium(report, tmp_path):
     page = report.to_html(tmp_path / "report.html")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium); .ci/run installs it")
+        pytest.skip("headless Chromium is not installed: `sudo apt-get install chromium` (Debian, Ubuntu) renders the "
+                    "audit report here; .ci/run installs it")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,3000"]
     dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert html.escape(report.verdict(), quote=False) in dom and dom.count("data:image/png;base64,") == 2

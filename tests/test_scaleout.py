@@ -21,7 +21,8 @@ from sweeps import GRID, complete_lines, stable
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs ray (pip install ray==2.60.0)")
 
-EIGHT = {**GRID, "n_prompts": 8}  # 5 settings, batch 5: one prompt per task, 8 tasks for 2 workers
+# GRID: 4 prompts x 5 settings, batch 5: one prompt (10 rows) per task, 4 tasks for 2 workers, so that a kill after
+# the first task lands falls while both workers hold one
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def serial_rows(smollm, tmp_path_factory):
-    return experiment.run(experiment.Grid(**EIGHT), tmp_path_factory.mktemp("serial"), progress=False, lm=smollm)
+    return experiment.run(experiment.Grid(**GRID), tmp_path_factory.mktemp("serial"), progress=False, lm=smollm)
 
 
 def worker_pids() -> set[int]:
@@ -73,15 +74,15 @@ def test_executor_specs():
 
 @pytest.mark.slow
 def test_ray_rows_equal_serial_rows(cluster, serial_rows, tmp_path):
-    rows = experiment.run(experiment.Grid(**EIGHT), tmp_path, progress=False, executor={"kind": "ray", "workers": 2})
+    rows = experiment.run(experiment.Grid(**GRID), tmp_path, progress=False, executor={"kind": "ray", "workers": 2})
     assert stable(rows) == stable(serial_rows)
-    lines = complete_lines(experiment.store_for(experiment.Grid(**EIGHT), tmp_path).path)
+    lines = complete_lines(experiment.store_for(experiment.Grid(**GRID), tmp_path).path)
     assert len(lines) == serial_rows["cell_id"].nunique() == len({json.loads(line)["cell_id"] for line in lines})
 
 
 @pytest.mark.slow
 def test_worker_killed_mid_run_is_restarted_and_the_grid_completes(cluster, serial_rows, tmp_path):
-    grid = experiment.Grid(**EIGHT)
+    grid = experiment.Grid(**GRID)
     store = experiment.store_for(grid, tmp_path).path
     seen = {}
 
@@ -117,14 +118,14 @@ def test_worker_killed_mid_run_is_restarted_and_the_grid_completes(cluster, seri
 DRIVER = textwrap.dedent(f"""
     import sys
     from fairkv import experiment
-    grid = experiment.Grid(**{EIGHT!r})
+    grid = experiment.Grid(**{GRID!r})
     experiment.run(grid, sys.argv[1], progress=False, executor={{"kind": "ray", "address": "local", "workers": 2}})
 """)
 
 
 @pytest.mark.slow
 def test_driver_killed_mid_run_resumes_without_duplicates(serial_rows, tmp_path):
-    grid = experiment.Grid(**EIGHT)
+    grid = experiment.Grid(**GRID)
     store = experiment.store_for(grid, tmp_path).path
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], env=env, stderr=subprocess.PIPE)

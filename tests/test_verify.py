@@ -21,10 +21,29 @@ def computed(smollm, tmp_path_factory):
     return experiment.store_for(grid, folder).path
 
 
+@pytest.fixture(scope="module")
+def recomputed() -> dict:
+    """Each cell's recomputation (its grid -> the fresh store's bytes), made once for the module: the first
+    verification computes every cell from scratch, later ones compare edited copies against the same fresh rows."""
+    return {}
+
+
 @pytest.fixture()
-def stored(computed, smollm, tmp_path, monkeypatch):
-    """A copy of ``computed`` that a test may edit; verification reuses the loaded model."""
+def stored(computed, smollm, recomputed, tmp_path, monkeypatch):
+    """A copy of ``computed`` that a test may edit; verification reuses the loaded model and the cells recomputed."""
     monkeypatch.setattr(experiment.Job, "load", lambda self, device=None: smollm)
+    compute = experiment.run
+
+    def run_once(grid, folder, **options):
+        path = experiment.store_for(grid, folder).path
+        if grid in recomputed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(recomputed[grid])
+        else:
+            compute(grid, folder, **options)
+            recomputed[grid] = path.read_bytes()
+
+    monkeypatch.setattr(experiment, "run", run_once)
     path = tmp_path / computed.name
     path.write_bytes(computed.read_bytes())
     return path
