@@ -28,8 +28,17 @@ def smollm() -> models.LoadedModel:
 @pytest.fixture(scope="session")
 def qwen() -> models.LoadedModel:
     """The cpu profile's model at its precision (Qwen2.5-Coder-1.5B, bfloat16, eager attention as the engine needs),
-    loaded once and shared by every Qwen check: defense compliance and the judge."""
+    loaded once for the defense compliance checks."""
     return models.load_model("qwen2.5-coder-1.5b", dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def qwen_judge() -> models.LoadedModel:
+    """The cpu profile's judge as notebook 10 loads it (``judge.load_judge``: Qwen in bfloat16, SDPA attention; with
+    eager attention its scores on the calibration set differ), loaded once for the judge's checks."""
+    from fairkv import judge
+
+    return judge.load_judge(judge.DEFAULT_JUDGE, judge.PRECISIONS["cpu"])
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +69,7 @@ def normal_prompt(smollm, records, templates) -> prompts.Prompt:
 # Tiers, set here and nowhere else: `model` (loads a language model: directly, through a fixture, or in a child
 # process), `data` (reads the reference data in data/), `slow` (Qwen, Ray, killed subprocesses, Chromium, notebooks).
 # `make test-fast` runs what is neither `model` nor `slow`.
-MODEL_FIXTURES = {"smollm", "qwen", "hf_folder", "reference", "serial_rows", "report"}
+MODEL_FIXTURES = {"smollm", "qwen", "qwen_judge", "hf_folder", "reference", "serial_rows", "report"}
 DATA_FIXTURES = {"records", "templates", "attack", "normal_prompt"}
 
 
@@ -72,7 +81,7 @@ def pytest_configure(config):
 
 # Workers (`make test` runs pytest-xdist, two workers): the notebooks run in one worker, in order, as without xdist
 # (nbval keeps one kernel per notebook, and later notebooks reuse the rows earlier ones put in the run's results store);
-# the Qwen checks (tests named test_qwen_*) in one worker, so Qwen is loaded once; every other test with the rest of
+# the Qwen checks (tests named test_qwen_*) in one worker, so each Qwen (the engine's, the judge's) is loaded once; every other test with the rest of
 # its module, so a module's fixtures are computed once; a free worker takes the next group, largest first. The groups
 # are scopes of xdist's loadscope scheduler (xdist's own xdist_group marks rename node ids, which pytest 9 ignores).
 NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
@@ -102,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
         if item.path.suffix == ".ipynb":  # nbval: a notebook cell runs a model
             item.add_marker("slow")
             item.add_marker("model")
-        if "qwen" in fixtures:
+        if fixtures & {"qwen", "qwen_judge"}:
             if not item.name.startswith("test_qwen"):
                 raise pytest.UsageError(f"{item.nodeid} loads Qwen: name it test_qwen_* (its worker group)")
             item.add_marker("slow")
