@@ -81,9 +81,10 @@ def pytest_configure(config):
 
 # Workers (`make test` runs pytest-xdist, two workers): the notebooks run in one worker, in order, as without xdist
 # (nbval keeps one kernel per notebook, and later notebooks reuse the rows earlier ones put in the run's results store);
-# the Qwen checks (tests named test_qwen_*) in one worker, so each Qwen (the engine's, the judge's) is loaded once; every other test with the rest of
-# its module, so a module's fixtures are computed once; a free worker takes the next group, largest first. The groups
-# are scopes of xdist's loadscope scheduler (xdist's own xdist_group marks rename node ids, which pytest 9 ignores).
+# the Qwen checks (tests named test_qwen_*) in one worker, so each Qwen (the engine's, the judge's) is loaded once;
+# every other test with the rest of its module, so a module's fixtures are computed once; a free worker takes the next
+# group, largest first. The groups are scopes of xdist's loadscope scheduler (xdist's own xdist_group marks rename
+# node ids, which pytest 9 ignores).
 NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
 
 
