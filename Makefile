@@ -28,7 +28,7 @@ reproduce: setup
 	$(BIN)/fairkv reproduce -p profile $(PROFILE)
 
 # every test run computes into a fresh results folder: nothing is replayed from an earlier run's store. Two workers
-# (pytest-xdist): the notebooks in one, in order; the tests' groups in the other (tests/conftest.py)
+# (pytest-xdist): the notebooks in one, in order; the tests in groups to whichever is free (tests/conftest.py)
 test: setup
 	@results=$$(mktemp -d) && FAIRKV_RESULTS_DIR=$$results $(BIN)/python -m pytest tests notebooks -n 2 \
 		--durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; \
