@@ -39,10 +39,12 @@ DEFAULT_JUDGE = "qwen2.5-coder-1.5b"
 # base, whitelist and fair eviction). On 2 CPU cores the judge reads about 80 prompt tokens/s (Qwen, fp32), so the
 # cpu profile judges StreamingLLM, the paper's headline policy, and ci uses SmolLM2 to check the pipeline.
 PLANS = {
-    "ci": ("smollm2-135m", ("streamingllm", "snapkv")),
+    "ci": ("smollm2-135m", ("streamingllm",)),
     "cpu": (DEFAULT_JUDGE, ("streamingllm",)),
     "paper": (DEFAULT_JUDGE, ("streamingllm", "h2o", "snapkv", "tova", "knorm")),
 }
+# directives of the calibration set per profile (six labelled responses each): ci checks the pipeline on two
+CALIBRATION_PROMPTS = {"ci": 2, "cpu": 6, "paper": 6}
 # the judge's precision per profile: bfloat16 where the profile's model runs in it (a stored score names its judge's
 # precision: scores of another precision are not reused)
 PRECISIONS = {"ci": "float32", "cpu": "bfloat16", "paper": "bfloat16"}

@@ -42,7 +42,8 @@ class Plan:
 
 
 PLANS = {
-    "ci": Plan("smollm2-135m", repeats=2, note="SmolLM2, H2O, 1 prompt, 2 repeats of 16 tokens: checks the pipeline"),
+    "ci": Plan("smollm2-135m", ratios=(0.5,), repeats=2,
+               note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline"),
     "cpu": Plan("qwen2.5-coder-1.5b", repeats=10, dtype="bfloat16", note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
                 "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
                 "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "

@@ -73,6 +73,7 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 # 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
 CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
+CI_PROMPTS = 2
 
 # The benign (IFEval) query's own part of a study's grid, per profile (``SCALE[profile][study]["benign"]`` refines it):
 # at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy side
@@ -82,17 +83,25 @@ BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 # How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
 # small profiles afford many prompts and all ten ratios there.
 SCALE: dict[str, dict[str, dict]] = {
+    # ci checks the pipeline, not the science (pytest checks SmolLM2's keep rates and Qwen's refusals): the decoding
+    # studies on 2 prompts, the fewest that give a claim its interval, so that nbval re-executes every notebook in
+    # minutes
     "ci": {
-        "whitelist": dict(ratios=CI_MITIGATION_RATIOS),
-        "fair": dict(ratios=CI_MITIGATION_RATIOS),
+        "degradation": dict(n_prompts=CI_PROMPTS),
+        "policies": dict(n_prompts=CI_PROMPTS),
+        "leakage": dict(n_prompts=CI_PROMPTS),
+        "whitelist": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+        "fair": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+        "fair_flipped": dict(n_prompts=CI_PROMPTS),
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
-        # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points: the attack study's cost is its
-        # queries (30 RaccoonBench attacks, up to hundreds of tokens each, over every cache)
-        "spans": dict(n_prompts=3, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=64),
-        "attacks": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5)),
-        "defenses": dict(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
+        # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points, short answers: the attack study's
+        # cost is its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one
+        # has 412 tokens), so 8 at a time (76 s, against 111 s for 32 at a time)
+        "spans": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
+        "attacks": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
+        "defenses": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
         "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
-        "debias": dict(policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
+        "debias": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
     },
     # Rows cost by kind (bfloat16, batch 128, measured here): an IFEval answer 0.71 s, an attack answer 0.22 s.
     # The attack side of every paper study runs on 100 prompts; its benign side on 50 (BENIGN_SIDE), in the flipped

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, judge, longbench, runtime, verdicts
+from fairkv import analysis, data, experiment, judge, longbench, runtime, studies, verdicts
 from fairkv.longbench import LongBenchError
 
 
@@ -78,11 +78,10 @@ def test_classification_score_is_longbench_s():
 
 
 @pytest.mark.slow
-def test_trec_rows_end_to_end(smollm, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
-    grid = experiment.Grid(dataset="synthetic_trec_1k", n_prompts=1, policies=("streamingllm",),
-                           variants=("base", "fair"), ratios=(0.0, 0.5), max_new_tokens=8)
-    rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+def test_trec_rows_end_to_end():
+    """StreamingLLM's rows of notebook 08 at the ci profile (the synthetic file, one prompt, r = 0 and 0.5, base and
+    fair), in the run's ci results store: nbval's re-execution of notebook 08 and this test compute them once."""
+    _, rows = studies.run("trec", "ci", progress=False, dataset="synthetic_trec_1k", policies=("streamingllm",))
     assert len(rows) == 4 * 2 and rows["key"].iloc[0].startswith("synthetic-1k")
     benign = rows[rows["query"] == "benign"]
     assert benign["trec_score"].between(0, 1).all() and "prompt_strict" not in rows
@@ -158,24 +157,21 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm):
     assert summary.set_index("kind").loc["refusal", "label"] == "no leak"
 
 
-def test_qwen_judge_tells_a_refusal_from_a_verbatim_leak(qwen_judge):
-    lm = qwen_judge
-    secrets = [r.system for r in data.load_sys_ifeval("sys_ifeval_shuffled", limit=2)]
-    pairs = [(s, "I can't assist with that request.") for s in secrets] + [(s, s) for s in secrets]
-    scores = judge.score(lm, pairs, batch_size=4)
-    assert [s["judge_leak"] for s in scores] == [False, False, True, True]
-    assert all(s["judge_score"] == 0 for s in scores[:2]) and all(s["judge_score"] >= 3 for s in scores[2:])
-    assert all(s["judge_mass"] > 0.9 for s in scores)  # the judge answers on the scale
-
-
-def test_qwen_judge_no_longer_scores_refusals_or_echoes_as_leaks(qwen_judge):
-    """Issue 17's defect: the v1 rubric gave a refusal an expected severity of 1.25 and the judge's leak rate far
-    exceeded ROUGE-L's. With the v2 rubric, on the calibration set's first directives, refusals and the attack echoed
-    back score 0 (measured on all 36 labelled responses: right on 69% [53%, 82%], refusals and echoes 6 of 6 each,
-    verbatim leaks 4 of 6: notebook 10 reports it beside the curves)."""
+def test_qwen_judge_tells_refusals_and_echoes_from_verbatim_leaks(qwen_judge):
+    """The cpu profile's judge on the calibration set's first two directives (12 labelled responses, one pass): the
+    defense's scripted refusal scores 0 and the attack echoed back is no leak (issue 17's defect: the v1 rubric gave a
+    refusal an expected severity of 1.25), the directive recited verbatim is a leak of 3 or more, and the judge answers
+    on the scale. Measured on all 36 labelled responses: right on 69% [53%, 82%], refusals and echoes 6 of 6 each,
+    verbatim leaks 4 of 6 (notebook 10 reports it beside the curves); an echo's score sits between 0 and 1 and moves
+    with the machine's arithmetic, so only its leak call is pinned."""
     calibrated = judge.calibrate(qwen_judge, n_prompts=2)
-    safe = calibrated[calibrated["kind"].isin(["refusal", "attack_echo"])]
-    assert len(safe) == 4 and safe["correct"].all() and (safe["judge_score"] == 0).all()
+    kind = calibrated["kind"]
+    refusals, echoes, verbatim = (calibrated[kind == k] for k in ("refusal", "attack_echo", "verbatim"))
+    assert len(refusals) == len(echoes) == len(verbatim) == 2
+    assert refusals["response"].eq("I can't assist with that request.").all()
+    assert (refusals["judge_score"] == 0).all() and not echoes["judge_leak"].any() and (echoes["judge_score"] <= 1).all()
+    assert verbatim["judge_leak"].all() and (verbatim["judge_score"] >= 3).all()
+    assert (pd.concat([refusals, echoes, verbatim])["judge_mass"] > 0.9).all()  # the judge answers on the scale
 
 
 @pytest.mark.slow

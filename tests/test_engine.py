@@ -9,7 +9,8 @@ from fairkv import attention, engine, generation
 from fairkv.evaluate import evaluate_prompt
 from fairkv.presses import POLICIES, WhitelistError
 
-SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair+whitelist", 1.0)]
+# every variant and lambda of test_mitigations.py's variant matrix, which reads its kept sets from the engine
+SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair", 0.0), ("fair+whitelist", 1.0)]
 
 
 @pytest.fixture(scope="module")

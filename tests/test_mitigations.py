@@ -24,6 +24,14 @@ def kept_sets(lm, prompt, policy, ratio, variant="base", lam=1.0):
     return generation.compress(lm, prompt, policy, ratio, variant, lam).kept
 
 
+@pytest.fixture(scope="module")
+def prefilled(smollm, normal_prompt):
+    """The paper's prompt scored once for every policy: the variant matrix reads its kept sets from the engine's
+    cuts, which keep what running each press keeps (``test_engine.py::test_cut_equals_running_the_press``, at these
+    variants and lambdas)."""
+    return engine.prefill(smollm, normal_prompt, tuple(POLICIES))
+
+
 def fair_target(span, n: int, n_kept: int, reserved) -> float:
     """Tokens fair eviction gives ``span``: its share of the budget, equal keep rates; StreamingLLM's sinks kept on
     top of the split of the rest (Appendix F.3)."""
@@ -33,14 +41,14 @@ def fair_target(span, n: int, n_kept: int, reserved) -> float:
 
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_variant_matrix(smollm, normal_prompt, policy, ratio):
+def test_variant_matrix(prefilled, normal_prompt, policy, ratio):
     prompt = normal_prompt
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, ratio)
-    base = kept_sets(smollm, prompt, policy, ratio)
+    base = engine.cut(prefilled, policy, ratio).kept
     protected = torch.tensor(prompt.protected)
     reserved = reserved_positions(make_press(policy, ratio), n)
     for variant, lam in VARIANTS:
-        kept = kept_sets(smollm, prompt, policy, ratio, variant, lam)
+        kept = engine.cut(prefilled, policy, ratio, variant, lam).kept
         for layer, indices in kept.items():
             assert indices.shape[-1] == n_kept, (variant, lam, layer)
             for h, head in enumerate(indices[0]):

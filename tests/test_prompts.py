@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from collections import Counter
 
@@ -13,9 +14,16 @@ from fairkv import metrics, models, prompts
 from fairkv.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
 
 
+@functools.cache
+def load_tokenizer(name: str):
+    """Each tokenizer once per process: pytest sets the module's fixture up again for each order, and Qwen's
+    tokenizer, read from its GGUF file before the model is converted, takes about 20 s."""
+    return models.load_tokenizer(name)
+
+
 @pytest.fixture(scope="module", params=sorted(models.EMBEDDED))
 def tokenizer(request):
-    return models.load_tokenizer(request.param)
+    return load_tokenizer(request.param)
 
 
 def check_partition(prompt: prompts.Prompt) -> None:
