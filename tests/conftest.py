@@ -81,18 +81,26 @@ def pytest_configure(config):
 
 # Workers (`make test` runs pytest-xdist, two workers): the notebooks run in one worker, in order, as without xdist
 # (nbval keeps one kernel per notebook, and later notebooks reuse the rows earlier ones put in the run's results store);
-# the Qwen checks (tests named test_qwen_*) in one worker, so each Qwen (the engine's, the judge's) is loaded once;
-# every other test with the rest of its module, so a module's fixtures are computed once; a free worker takes the next
-# group, largest first. The groups are scopes of xdist's loadscope scheduler (xdist's own xdist_group marks rename
-# node ids, which pytest 9 ignores).
+# the Qwen checks (tests named test_qwen_*, and the items run on Qwen's tokenizer) in one worker, after the judge's
+# check has converted the model, so that Qwen is converted and loaded once; every other test with the rest of its
+# module, so a module's fixtures are computed once. The groups are scopes of xdist's loadscope scheduler (xdist's own
+# xdist_group marks rename node ids, which pytest 9 ignores), handed out in the order ``group_rank`` gives them (the
+# longest first: the notebooks, Qwen, modules with slow tests, with model tests, the rest), so that no long group
+# starts last.
 NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
+QWEN = "qwen2.5-coder-1.5b"
 
 
 def worker_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     if path.endswith(".ipynb"):
         return NOTEBOOKS_GROUP
-    return QWEN_GROUP if name.startswith("test_qwen") else path
+    return QWEN_GROUP if name.startswith("test_qwen") or f"[{QWEN}" in name or f"-{QWEN}" in name else path
+
+
+def group_rank(group: str, slow: set[str], model: set[str]) -> int:
+    """0 the notebooks, 1 Qwen, 2 groups with slow tests, 3 with tests of a model, 4 the rest."""
+    return {NOTEBOOKS_GROUP: 0, QWEN_GROUP: 1}.get(group, 2 if group in slow else 3 if group in model else 4)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called only where it runs
@@ -103,6 +111,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
 
+    config.option.loadscopereorder = False  # the groups in collection order, which group_rank sets
     return Groups(config, log)
 
 
@@ -120,6 +129,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("model")
         if fixtures & DATA_FIXTURES or item.path.name == "test_data.py":
             item.add_marker("data")
+    slow, model = ({worker_group(item.nodeid) for item in items if item.get_closest_marker(m)} for m in ("slow", "model"))
+    items.sort(key=lambda item: group_rank(worker_group(item.nodeid), slow, model))  # stable: in-group order kept
 
 
 SLOWEST = 5  # items named at the end of every run, so that a slow drift is seen
