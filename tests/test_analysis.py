@@ -119,7 +119,7 @@ GRIDS = {
     ("fair", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=ALL5,
         variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
         queries=('benign', 'attack'), tokens=(32, None)),
-    ("fair_flipped", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('flipped',), policies=ALL5,
+    ("fair_flipped", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('flipped',), policies=('streamingllm',),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
         queries=('benign', 'attack'), tokens=(32, None)),
     ("debias", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),

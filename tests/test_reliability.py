@@ -24,10 +24,9 @@ from sweeps import GRID, complete_lines, stable, sweep
 
 
 @pytest.mark.slow
-def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(tmp_path):
-    reference = sweep(tmp_path / "clean")
-    assert reference.wait(timeout=600) == 0, reference.stderr.read().decode()
+def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(smollm, tmp_path):
     grid = experiment.Grid(**GRID)
+    experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)  # the uninterrupted run, in this process
     store = experiment.store_for(grid, tmp_path / "killed").path
     # kill while the model loads (no row yet), after the first group, after the second, then mid-group by the clock
     for rows_before_kill, extra_delay in ((0, 0.0), (10, 0.0), (20, 0.0), (20, 1.5)):
