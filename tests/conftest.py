@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from fairkv import data, models, prompts
+from fairkv import data, models, progress, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -148,7 +148,7 @@ def pytest_terminal_summary(terminalreporter):
     if not seconds:
         return
     wall = time.monotonic() - STARTED
-    terminalreporter.section(f"wall time {wall / 60:.0f} min {wall % 60:.0f} s; the {SLOWEST} slowest items")
+    terminalreporter.section(f"wall time {progress.duration(wall)}; the {SLOWEST} slowest items")
     for nodeid, spent in sorted(seconds.items(), key=lambda kv: -kv[1])[:SLOWEST]:
         terminalreporter.write_line(f"{spent:8.1f} s  {nodeid}")
 
