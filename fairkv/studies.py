@@ -96,7 +96,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
         # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points, short answers: the attack study's
         # cost is its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one
-        # has 412 tokens), so 8 at a time (76 s, against 111 s for 32 at a time)
+        # has 412 tokens), so 8 at a time
         "spans": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
         "attacks": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
         "defenses": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),

@@ -11,6 +11,7 @@ import torch
 from fairkv import data, models, progress, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+QWEN = "qwen2.5-coder-1.5b"  # the cpu profile's model
 
 # Under pytest-xdist each worker takes its share of the cores, and so do the processes it starts (notebook kernels,
 # sweeps): two processes of two OpenMP threads each on two cores spin against each other and run many times slower.
@@ -29,7 +30,7 @@ def smollm() -> models.LoadedModel:
 def qwen() -> models.LoadedModel:
     """The cpu profile's model at its precision (Qwen2.5-Coder-1.5B, bfloat16, eager attention as the engine needs),
     loaded once for the defense compliance checks."""
-    return models.load_model("qwen2.5-coder-1.5b", dtype=torch.bfloat16)
+    return models.load_model(QWEN, dtype=torch.bfloat16)
 
 
 @pytest.fixture(scope="session")
@@ -88,14 +89,13 @@ def pytest_configure(config):
 # longest first: the notebooks, Qwen, modules with slow tests, with model tests, the rest), so that no long group
 # starts last.
 NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
-QWEN = "qwen2.5-coder-1.5b"
 
 
 def worker_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
     if path.endswith(".ipynb"):
         return NOTEBOOKS_GROUP
-    return QWEN_GROUP if name.startswith("test_qwen") or f"[{QWEN}" in name or f"-{QWEN}" in name else path
+    return QWEN_GROUP if name.startswith("test_qwen") or QWEN in name else path  # QWEN in name: a parameter
 
 
 def group_rank(group: str, slow: set[str], model: set[str]) -> int:
