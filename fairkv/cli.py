@@ -218,9 +218,11 @@ def run_audit(args) -> int:
     print(f"audited in {progress.duration(time.monotonic() - began)}; report: {result.to_html(out / 'report.html')} "
           f"and {result.to_json(out / 'report.json')}")
     print(result.verdict())
+    print("".join(f"note: {note}\n" for note in result.notes), end="")
     leaking = result.leaking_cells(args.max_ratio)
     if args.fail_on_leak and not leaking.empty:
-        cells = "; ".join(f"{c.policy} {c.variant} r = {c.ratio:g}: {c.leak_rate:.0%}" for c in leaking.itertuples())
+        cells = "; ".join(f"{c.policy} {c.variant} r = {c.ratio:g}: {audit.rate_words(c.leak_rate, c.attacks)}"
+                          for c in leaking.itertuples())
         bound = "" if args.max_ratio is None else f" at r <= {args.max_ratio:g}"
         print(f"fail on leak: {len(leaking)} cell(s) leak{bound}: {cells}")
         return 3
