@@ -566,9 +566,13 @@ class SummaryError(ValueError):
     """A paper-vs-us table the summary cannot count."""
 
 
+BEYOND_THE_PAPER = {"11": "the paper's open questions", "12": "the press atlas"}  # notebooks whose claims are ours
+
+
 def write_summary(folder: Path, title: str) -> Path:
-    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md, with the
-    count of claims that hold, fail and are inconclusive, per notebook and in all."""
+    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md in two
+    sections, each with its own counts of claims that hold, fail and are inconclusive: the paper's claims first
+    (notebooks 01-10), then ours, beyond the paper (``BEYOND_THE_PAPER``), so a headline never mixes the two."""
     folder = Path(folder)
     tables = sorted((folder / "tables").glob("*_paper_vs_us.md"))
     if not tables:
@@ -579,15 +583,24 @@ def write_summary(folder: Path, title: str) -> Path:
     if stale:
         raise SummaryError(f"{', '.join(stale)} has no verdict column (written by an older fairkv, before claims had "
                            f"verdicts): re-run notebook {', '.join(name[:2] for name in stale)} before the summary")
-    every = pd.concat(frames.values())
     parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: our "
-             "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the paper "
-             "says), fails (it lies outside) or is inconclusive (it straddles).\n",
-             f"In all, {len(every)} claims: {counted(every)}. Rows computed by fairkv's result code "
-             f"{code_fingerprint()} (``fairkv.fingerprint``).\n"]
-    for table, claims in frames.items():
-        parts.append(f"## Notebook {table.name[:2]}: {counted(claims)} (of {len(claims)})\n")
-        parts.append(table.read_text())
+             "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the claim "
+             "says), fails (it lies outside) or is inconclusive (it straddles). The paper's claims come first, with "
+             "their own counts; the claims of the notebooks that go beyond the paper are ours and are counted apart. "
+             f"Rows computed by fairkv's result code {code_fingerprint()} (``fairkv.fingerprint``).\n"]
+    sections = (("The paper's claims", {t: c for t, c in frames.items() if t.name[:2] not in BEYOND_THE_PAPER}),
+                ("Beyond the paper: our own claims", {t: c for t, c in frames.items() if t.name[:2] in BEYOND_THE_PAPER}))
+    for heading, section in sections:
+        if not section:
+            continue
+        every = pd.concat(section.values())
+        names = ", ".join(table.name[:2] for table in section)
+        parts.append(f"## {heading} (notebooks {names}): {len(every)} claim{'s' * (len(every) != 1)}, "
+                     f"{counted(every)}\n")
+        for table, claims in section.items():
+            about = f", {BEYOND_THE_PAPER[table.name[:2]]}" if table.name[:2] in BEYOND_THE_PAPER else ""
+            parts.append(f"### Notebook {table.name[:2]}{about}: {counted(claims)} (of {len(claims)})\n")
+            parts.append(table.read_text())
     summary = folder / "SUMMARY.md"
     summary.write_text("\n".join(parts))
     return summary

@@ -119,9 +119,14 @@ def test_summary_counts_the_three_verdicts(tmp_path):
     tables.mkdir()
     table.to_csv(tables / "03_paper_vs_us.csv", index=False)
     (tables / "03_paper_vs_us.md").write_text(table.to_markdown(index=False))
+    table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a claim of ours: counted apart
+    (tables / "12_paper_vs_us.md").write_text(table.iloc[:1].to_markdown(index=False))
     summary = paper.write_summary(tmp_path, "t").read_text()
-    assert "In all, 3 claims: 1 holds, 1 fails, 1 inconclusive." in summary
-    assert "## Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in summary and "0.5 [0.2, 0.8]" in summary
+    paper_part, ours = summary.split("## Beyond the paper: our own claims (notebooks 12): 1 claim, 1 holds, 0 fails, "
+                                     "0 inconclusive")
+    assert "## The paper's claims (notebooks 03): 3 claims, 1 holds, 1 fails, 1 inconclusive" in paper_part
+    assert "### Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in paper_part and "0.5 [0.2, 0.8]" in paper_part
+    assert "### Notebook 12, the press atlas: 1 holds, 0 fails, 0 inconclusive (of 1)" in ours
     # a table from before verdicts (a "holds" column of True / False) names itself and the notebook to re-run
     table.drop(columns="verdict").assign(holds=True).to_csv(tables / "11_paper_vs_us.csv", index=False)
     (tables / "11_paper_vs_us.md").write_text("old")
