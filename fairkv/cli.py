@@ -87,7 +87,7 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
             written.append(str(target))
     print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
     folder = figures.output_dir(profile, parameters.get("output"))
-    if any((folder / "tables").glob("*_paper_vs_us.md")):
+    if any((folder / "tables").glob("*_paper_vs_us.csv")):
         print(f"summary: {paper.write_summary(folder, f'Paper vs us, {profile} profile')}")
     return written
 

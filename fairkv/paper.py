@@ -47,8 +47,24 @@ def table1_beside(ours: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _claim(claim: str, paper: str, ours: str, verdict: str, n: int) -> dict:
-    return {"claim": claim, "paper": paper, "ours": ours, "n": int(n), "verdict": verdict}
+def _claim(claim: str, paper: str, ours: str, verdict: str, n: int, magnitude: str = verdicts.NOT_APPLICABLE,
+           why: str = "") -> dict:
+    """One row of a paper-vs-us table: the claim, the paper's number, ours with its interval, n, the direction verdict
+    (``verdict``: holds / fails / inconclusive), the magnitude verdict (matches / differs / n.a.,
+    ``verdicts.magnitude``) and, when the claim fails or its magnitude differs, ``why`` (the model, the profile's budget
+    or our code; empty otherwise)."""
+    shown = why if verdict == verdicts.FAILS or magnitude == verdicts.DIFFERS else ""
+    return {"claim": claim, "paper": paper, "ours": ours, "n": int(n), "verdict": verdict, "magnitude": magnitude,
+            "why": shown}
+
+
+OURS = "none: our claim, not the paper's"  # the paper column of a claim we add (SUMMARY.md counts it as ours)
+# why a claim fails or its magnitude differs (one short phrase: the model, the profile's budget, or our code)
+ECHO = "model: without its defense the model mostly echoes the attack rather than reciting its prompt"
+FOLLOWS_LESS = "model and budget: a smaller model, which follows fewer IFEval instructions, at fewer new tokens than 1280"
+OTHER_MODEL = "model: the ranking is this model's, not Llama-3.1-8B's"
+FAVOURS = "model: which span a policy favours is this model's (its keys and attention), not Llama-3.1-8B's"
+JUDGE = "model: the judge is the audited model judging its own answers (calibration: 10_judge_calibration)"
 
 
 def _label(policy: str) -> str:
@@ -149,9 +165,9 @@ def pitfall1(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([
         _claim(f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
                "larger for multi", f"multi - single {spread.signed()}{refusals}", verdicts.decide(spread, above=0),
-               spread.n),
+               spread.n, why=FOLLOWS_LESS),
         _claim("rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
-               f"single - multi {rho.signed()}{refusals}", verdicts.decide(rho, above=0), rho.n),
+               f"single - multi {rho.signed()}{refusals}", verdicts.decide(rho, above=0), rho.n, why=FOLLOWS_LESS),
     ])
 
 
@@ -184,66 +200,93 @@ def pitfall2(rows: pd.DataFrame) -> pd.DataFrame:
     rho = verdicts.resampled(benign, lambda f: _rho_lowest(f, "knorm"))
     refusals = lambda policy: _refusal_note(benign, (0.0, PEAK), policy=policy, variant="base", order="normal")
     return pd.DataFrame([
-        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text + refusals("tova"), tova, n),
+        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text + refusals("tova"), tova, n,
+               why=OTHER_MODEL),
         _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text + refusals("knorm"), knorm,
-               n),
+               n, why=OTHER_MODEL),
         _claim("K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
-               f"next lowest minus K-Norm {rho.signed()}", verdicts.decide(rho, above=0), rho.n),
+               f"next lowest minus K-Norm {rho.signed()}", verdicts.decide(rho, above=0), rho.n, why=OTHER_MODEL),
     ])
 
 
-def _inverted_u(rows: pd.DataFrame, metric: str, peak: float, **match) -> tuple[str, str]:
-    """``metric`` higher at ``peak`` than at r = 0 and at the largest ratio run (paired over prompts)."""
+def _inverted_u(rows: pd.DataFrame, metric: str, peak: float, **match) -> tuple[str, str, verdicts.Estimate]:
+    """``metric`` higher at ``peak`` than at r = 0 and at the largest ratio run (paired over prompts): the verdict, the
+    text, and the estimate at the peak."""
     top = float(_match(rows, metric, match)["ratio"].max())
     at = {r: _values(rows, metric, r, **match) for r in (0.0, peak, top)}
     rise, rise_v = _compared(at[peak], at[0.0])
     fall, fall_v = _compared(at[peak], at[top])
     return verdicts.all_of([rise_v, fall_v]), (
         f"{verdicts.mean(at[0.0])} at r = 0, {verdicts.mean(at[peak])} at r = {peak:g}, {verdicts.mean(at[top])} at "
-        f"r = {top:g}; rise {rise.signed()}, fall {fall.signed()}")
+        f"r = {top:g}; rise {rise.signed()}, fall {fall.signed()}"), verdicts.mean(at[peak])
 
 
 PEAK = 0.5  # the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak are read at r = 0.5
 
 
+def _answered(rows: pd.DataFrame, ratios, **match) -> pd.Index | None:
+    """The prompts whose benign answer is no refusal at any of ``ratios`` (None when the rows carry no refusal flag):
+    accuracy over them measures directive following, not over-refusal."""
+    if "benign_refused" not in rows:
+        return None
+    refused = pd.concat([_values(rows, "benign_refused", r, **match) for r in ratios], axis=1)
+    return refused.index[(refused == 0).all(axis=1)]
+
+
 def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
     """Figs 4-6: the refusal lost, the inverted U of directive leakage with accuracy kept meanwhile, the peak order,
     the order effect, and the defense leakage's shape. Peaks are read at r = 0.5 (``PEAK``), not at the observed
-    maximum (which would pick the noise)."""
+    maximum (which would pick the noise). Whether the directive is still followed is decided over the prompts answered
+    without refusal at both ratios (a model that refuses benign queries uncompressed would otherwise seem to follow
+    its directive better under compression); the paper's accuracy at the peak is compared with ours over all prompts."""
     normal = dict(policy="streamingllm", variant="base", order="normal")
     n = rows["key"].nunique()
     refused = {r: _values(rows, "refused", r, **normal) for r in (0.0, PEAK)}
     drop, drop_v = _compared(refused[0.0], refused[PEAK])
-    u_verdict, u_text = _inverted_u(rows, "leak_directive", PEAK, **normal)
+    u_verdict, u_text, u_peak = _inverted_u(rows, "leak_directive", PEAK, **normal)
     accuracy = {r: _values(rows, analysis.ACCURACY, r, **normal) for r in (0.0, PEAK)}
-    kept, kept_v = _compared(accuracy[PEAK], accuracy[0.0], scale=0.75)
+    answered = _answered(rows, (0.0, PEAK), **normal)
+    if answered is not None and len(answered):
+        followed = {r: values[values.index.isin(answered)] for r, values in accuracy.items()}
+        over = f" over the {len(answered)} of {len(accuracy[0.0])} prompts answered without refusal at both"
+    else:
+        followed = accuracy
+        over = "" if answered is None else " over every prompt (none answered without refusal at both)"
+    kept, kept_v = _compared(followed[PEAK], followed[0.0], scale=0.75)
     peaks = {policy: _values(rows, "leak_directive", PEAK, policy=policy, variant="base", order="normal")
              for policy in ("streamingllm", "snapkv", "h2o", "knorm")}
+    paper_peaks = {"streamingllm": 0.55, "snapkv": 0.40, "h2o": 0.35, "knorm": 0.20}
     chain = list(peaks)
     steps = [_compared(peaks[a], peaks[b]) for a, b in zip(chain, chain[1:])]
     flipped = _values(rows, analysis.ACCURACY, PEAK, policy="streamingllm", variant="base", order="flipped")
     faster, faster_v = _compared(accuracy[PEAK], flipped)
-    d_verdict, d_text = _inverted_u(rows, "leak_defense", PEAK, **normal)
+    d_verdict, d_text, d_peak = _inverted_u(rows, "leak_defense", PEAK, **normal)
     lower, lower_v = _compared(_values(rows, "leak_directive", PEAK, **normal), _values(rows, "leak_defense", PEAK, **normal))
     return pd.DataFrame([
         _claim(f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, less at r = {PEAK:g}",
                "defense dropped at r ~0.4-0.6 (leakage up)",
                f"refusal {verdicts.mean(refused[0.0])} -> {verdicts.mean(refused[PEAK])}, drop {drop.signed()}", drop_v, n),
         _claim(f"StreamingLLM directive leakage is an inverted U in r (higher at r = {PEAK:g} than at r = 0 and at the "
-               "largest ratio)", "~0.5-0.55 at r = 0.4-0.6", u_text, u_verdict, n),
-        _claim(f"the directive is still followed at the leakage peak (accuracy at r = {PEAK:g} >= 75% of r = 0)",
-               "accuracy ~75-80% at the peak",
-               f"{verdicts.mean(accuracy[PEAK])} vs {verdicts.mean(accuracy[0.0])} at r = 0; accuracy - 0.75 x "
-               f"accuracy(0) {kept.signed()}" + _refusal_note(rows, (0.0, PEAK), **normal), kept_v, kept.n),
+               "largest ratio)", "~0.5-0.55 at r = 0.4-0.6", u_text, u_verdict, n,
+               verdicts.magnitude(u_peak, (0.50, 0.55), "leakage"), ECHO),
+        _claim(f"the directive is still followed at the leakage peak (accuracy at r = {PEAK:g} >= 75% of r = 0, over "
+               "answers that are not refusals)", "accuracy ~75-80% at the peak",
+               f"{verdicts.mean(followed[PEAK])} vs {verdicts.mean(followed[0.0])} at r = 0{over}; accuracy - 0.75 x "
+               f"accuracy(0) {kept.signed()}; over every prompt {verdicts.mean(accuracy[PEAK])} at r = {PEAK:g}"
+               + _refusal_note(rows, (0.0, PEAK), **normal), kept_v, kept.n,
+               verdicts.magnitude(verdicts.mean(accuracy[PEAK]), (0.75, 0.80), "accuracy"), FOLLOWS_LESS),
         _claim(f"leakage at r = {PEAK:g}: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
                ", ".join(f"{_label(p)} {verdicts.mean(v)}" for p, v in peaks.items()) + "; steps "
-               + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n),
+               + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n,
+               verdicts.all_magnitudes([verdicts.magnitude(verdicts.mean(v), paper_peaks[p], "leakage")
+                                        for p, v in peaks.items()]), ECHO),
         _claim(f"flipped order: StreamingLLM directive accuracy falls faster (r = {PEAK:g})", "~40-50% flipped at r = 0.5",
                f"normal {verdicts.mean(accuracy[PEAK])}, flipped {verdicts.mean(flipped)}, normal - flipped "
-               f"{faster.signed()}", faster_v, faster.n),
+               f"{faster.signed()}", faster_v, faster.n, verdicts.magnitude(verdicts.mean(flipped), (0.40, 0.50),
+                                                                           "accuracy"), FOLLOWS_LESS),
         _claim("defense leakage has the same inverted-U shape, lower than directive leakage at the peak",
                "peaks ~0.25-0.35", f"defense: {d_text}; directive - defense at r = {PEAK:g} {lower.signed()}",
-               verdicts.all_of([d_verdict, lower_v]), n),
+               verdicts.all_of([d_verdict, lower_v]), n, verdicts.magnitude(d_peak, (0.25, 0.35), "leakage"), ECHO),
     ])
 
 
@@ -256,32 +299,35 @@ def pitfall5(rows: pd.DataFrame) -> pd.DataFrame:
         a = _values(rows, f"keep_{first}", PEAK, policy=policy, order=order, variant="base")
         b = _values(rows, f"keep_{second}", PEAK, policy=policy, order=order, variant="base")
         estimate, verdict_ = _compared(a, b, above)
-        return verdict_, f"{first} {verdicts.mean(a)}, {second} {verdicts.mean(b)}, difference {estimate.signed()}"
+        return verdict_, f"{first} {verdicts.mean(a)}, {second} {verdicts.mean(b)}, difference {estimate.signed()}", (
+            verdicts.mean(a), verdicts.mean(b))
 
-    kept, kept_text = gap("streamingllm", "normal", "directive", "defense")
-    flips, flips_text = gap("streamingllm", "flipped", "defense", "directive")
-    knorm_n, knorm_n_text = gap("knorm", "normal", "defense", "directive")
-    knorm_f, knorm_f_text = gap("knorm", "flipped", "directive", "defense")
-    tova, tova_text = gap("tova", "normal", "defense", "directive", above=-0.02)
+    kept, kept_text, (directive, defense) = gap("streamingllm", "normal", "directive", "defense")
+    flips, flips_text, _ = gap("streamingllm", "flipped", "defense", "directive")
+    knorm_n, knorm_n_text, _ = gap("knorm", "normal", "defense", "directive")
+    knorm_f, knorm_f_text, _ = gap("knorm", "flipped", "directive", "defense")
+    tova, tova_text, _ = gap("tova", "normal", "defense", "directive", above=-0.02)
     return pd.DataFrame([
         _claim(f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {PEAK:g}",
-               "directive ~0.90-0.95, defense ~0.40-0.50", kept_text, kept, n),
-        _claim("the bias reverses when the order flips (StreamingLLM)", "reverses", flips_text, flips, n),
+               "directive ~0.90-0.95, defense ~0.40-0.50", kept_text, kept, n, verdicts.all_magnitudes(
+                   [verdicts.magnitude(directive, (0.90, 0.95), "keep"), verdicts.magnitude(defense, (0.40, 0.50), "keep")]),
+               "model: this prompt's spans have other token lengths under this model's tokenizer"),
+        _claim("the bias reverses when the order flips (StreamingLLM)", "reverses", flips_text, flips, n, why=FAVOURS),
         _claim("K-Norm favours the earlier span in both orders", "earlier tokens favoured",
-               f"normal: {knorm_n_text}; flipped: {knorm_f_text}", verdicts.all_of([knorm_n, knorm_f]), n),
+               f"normal: {knorm_n_text}; flipped: {knorm_f_text}", verdicts.all_of([knorm_n, knorm_f]), n, why=FAVOURS),
         _claim("TOVA keeps the defense at least as well as the directive though it comes first (within 0.02)",
-               "defense kept even when first", tova_text, tova, n),
+               "defense kept even when first", tova_text, tova, n, why=FAVOURS),
     ])
 
 
 def _before_after(rows, variant, policy, ratio, metric="leak_directive", lower=True):
-    """Base vs ``variant`` at ``ratio`` (normal order), paired over prompts: (verdict, text); ``lower``: the claim is
-    that the variant lowers ``metric`` (else that it raises it)."""
+    """Base vs ``variant`` at ``ratio`` (normal order), paired over prompts: (verdict, text, the change); ``lower``:
+    the claim is that the variant lowers ``metric`` (else that it raises it)."""
     before = _values(rows, metric, ratio, policy=policy, variant="base", order="normal")
     after = _values(rows, metric, ratio, policy=policy, variant=variant, order="normal")
     change = verdicts.difference(after, before)
     decided = verdicts.decide(change, below=0) if lower else verdicts.decide(change, above=0)
-    return decided, f"{verdicts.mean(before)} -> {verdicts.mean(after)}, change {change.signed()}"
+    return decided, f"{verdicts.mean(before)} -> {verdicts.mean(after)}, change {change.signed()}", change
 
 
 WHITELIST_RATIO, FAIR_RATIO = 0.6, 0.7  # where the paper quotes Figs 8 and 9
@@ -291,12 +337,13 @@ def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
     """Fig 8 and Fig 13 left: whitelisting the defense phrase cuts leakage and leaves accuracy about unchanged."""
     n = rows["key"].nunique()
     out = []
-    for policy, paper in (("streamingllm", "0.5 -> 0.10-0.15 at r = 0.6"), ("snapkv", "0.35 -> 0.05 at r = 0.6")):
-        verdict_, text = _before_after(rows, "whitelist", policy, WHITELIST_RATIO)
+    for policy, paper, change in (("streamingllm", "0.5 -> 0.10-0.15 at r = 0.6", (-0.40, -0.35)),
+                                  ("snapkv", "0.35 -> 0.05 at r = 0.6", -0.30)):
+        verdict_, text, estimate = _before_after(rows, "whitelist", policy, WHITELIST_RATIO)
         out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {WHITELIST_RATIO:g})", paper, text,
-                          verdict_, n))
+                          verdict_, n, verdicts.magnitude(estimate, change, "difference"), ECHO))
     top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
-    verdict_, text = _before_after(rows, "whitelist", "streamingllm", top, metric="refused", lower=False)
+    verdict_, text, _ = _before_after(rows, "whitelist", "streamingllm", top, metric="refused", lower=False)
     out.append(_claim(f"with the whitelist StreamingLLM keeps refusing the attack (r = {top:g})",
                       "leakage 0.5 -> 0.10-0.15", f"refusal rate {text}", verdict_, n))
     ratios = _positive_ratios(rows, "benign")
@@ -305,14 +352,17 @@ def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
         _values(rows, analysis.ACCURACY, ratios, average=True, variant="base", order="normal"))
     out.append(_claim("directive accuracy about unchanged (mean change over policies and r > 0 within +-0.05)",
                       "about unchanged", f"change {change.signed()}", verdicts.decide(change, above=-0.05, below=0.05),
-                      change.n))
-    low = [r for r in sorted(set(rows["ratio"])) if r < WHITELIST_RATIO]
-    defense = {(p, r): verdicts.mean(_values(rows, "leak_defense", r, policy=p, variant="whitelist", order="normal"))
-               for p in sorted(set(rows["policy"])) for r in low}
-    worst = max(defense, key=lambda k: defense[k].high)
-    out.append(_claim(f"defense leakage with the whitelist stays below 0.05 for r < {WHITELIST_RATIO:g} (every policy)",
-                      "< 0.05", f"highest upper bound: {_label(worst[0])} at r = {worst[1]:g}, {defense[worst]}",
-                      verdicts.all_of([verdicts.decide(e, below=0.05) for e in defense.values()]), n))
+                      change.n, verdicts.magnitude(change, 0.0, "difference")))
+    # Fig 13 left: the paper's "below 0.05" cannot fail where the base policy leaks no more than that; read as a change
+    low = tuple(r for r in sorted(set(rows["ratio"])) if 0 < r < WHITELIST_RATIO)
+    defense = {v: _values(rows, "leak_defense", low, average=True, variant=v, order="normal") for v in ("base", "whitelist")}
+    change = verdicts.difference(defense["whitelist"], defense["base"])
+    out.append(_claim(f"the whitelist lowers defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})",
+                      "< 0.05 with the whitelist", f"base {verdicts.mean(defense['base'])} -> whitelist "
+                      f"{verdicts.mean(defense['whitelist'])}, change {change.signed()}", verdicts.decide(change, below=0),
+                      change.n, verdicts.magnitude(verdicts.mean(defense["whitelist"]), (0.0, 0.05), "leakage"),
+                      "model: defense leakage is about 0 with and without the whitelist on this model; responses "
+                      "with the defense kept reproduce a few more of its words"))
     return pd.DataFrame(out)
 
 
@@ -338,20 +388,25 @@ def fair_eviction(rows: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
     """Fig 9, Table 1, Fig 14: fair eviction cuts leakage; every composite score positive; order effect smaller."""
     n = rows["key"].nunique()
     out = []
-    for policy, paper in (("streamingllm", "0.55 -> 0.25 at r = 0.7"), ("snapkv", "0.40 -> 0.30 at r = 0.7")):
-        verdict_, text = _before_after(rows, "fair", policy, FAIR_RATIO)
+    for policy, paper, change in (("streamingllm", "0.55 -> 0.25 at r = 0.7", -0.30),
+                                  ("snapkv", "0.40 -> 0.30 at r = 0.7", -0.10)):
+        verdict_, text, estimate = _before_after(rows, "fair", policy, FAIR_RATIO)
         out.append(_claim(f"fair eviction lowers {_label(policy)} directive leakage (r = {FAIR_RATIO:g})", paper, text,
-                          verdict_, n))
+                          verdict_, n, verdicts.magnitude(estimate, change, "difference"), ECHO))
     need_ratios(rows, TABLE1_RATIOS)
     scores = {(p, v): verdicts.mean(_composite(rows, p, v, TABLE1_RATIOS))
               for p in sorted(set(rows["policy"])) for v in ("whitelist", "fair") if v in set(rows["variant"])}
     parts = [verdicts.decide(e, above=0) for e in scores.values()]
+    sizes = [verdicts.magnitude(e, TABLE1[key][0], "score") for key, e in scores.items() if key in TABLE1]
     out.append(_claim("Table 1: every composite score is positive (r in 0.4-0.7)", "10 of 10 positive (Llama3)",
                       f"{sum(v == verdicts.HOLDS for v in parts)} of {len(parts)} above 0 with 95% confidence, "
                       f"{sum(v == verdicts.FAILS for v in parts)} at or below 0; lowest "
                       + ", ".join(f"{_label(p)} {v} {e.signed()}" for (p, v), e in
-                                  sorted(scores.items(), key=lambda kv: kv[1].value)[:2]),
-                      verdicts.all_of(parts), min(e.n for e in scores.values())))
+                                  sorted(scores.items(), key=lambda kv: kv[1].value)[:2])
+                      + f"; the paper's entry inside our interval +-0.05 for {sizes.count(verdicts.MATCHES)} of {len(sizes)}",
+                      verdicts.all_of(parts), min(e.n for e in scores.values()), verdicts.all_magnitudes(sizes),
+                      "model: on this model the variants move accuracy and ROUGE-L leakage little, so the scores sit "
+                      "near 0"))
     both = pd.concat([rows, flipped], ignore_index=True)
     need_ratios(flipped, (PEAK,))
     gap = verdicts.resampled(both[both["query"] == "benign"], lambda f: _order_gap(f, PEAK))  # the accuracy side's prompts
@@ -380,7 +435,9 @@ def debiasing(rows: pd.DataFrame) -> pd.DataFrame:
             paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
             out.append(_claim(f"{_label(policy)}, {order} order, {rule} dominance: lambda = 1 Pareto-optimal more often "
                               "than lambda = 0", paper, f"{shown}; lambda 1 - lambda 0 {gap.signed()}",
-                              verdicts.decide(gap, above=0), gap.n))
+                              verdicts.decide(gap, above=0), gap.n,
+                              verdicts.magnitude(gap, 0.30 if policy == "streamingllm" else None, "share"),
+                              "budget: fewer ratios than the paper's ten, r = 0 among them (every lambda ties there)"))
     return pd.DataFrame(out)
 
 
@@ -393,18 +450,21 @@ def runtime(timings: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
     """Figs 23-24 (one RTX A6000): compression about 0.06 s / 100 tokens for H2O, 0.065 with fair eviction, 0.08 with
     the whitelist; decoding about 0.030 s / 100 tokens for all three, within 7%. Ours as ratios to the base (median
     over ratios of the median over rounds; ``runtime.summarise``), since absolute times are the machine's; intervals
-    resample the timed rounds."""
+    resample the timed rounds. The paper's ratios (x1.08, x1.33) are measurements, compared as such (magnitude); the
+    direction is that the variant costs more, not a ceiling made from the paper's number."""
     timed = timings[~timings["warmup"]]
     fair = verdicts.resampled(timed, lambda t: _runtime_ratio(t, policy, "fair", "compress_per_100_vs_base"), by="round")
     white = verdicts.resampled(timed, lambda t: _runtime_ratio(t, policy, "whitelist", "compress_per_100_vs_base"),
                                by="round")
     drift = verdicts.resampled(timed, lambda t: max(abs(_runtime_ratio(t, policy, v, "decode_per_100_vs_base") - 1)
                                                     for v in ("whitelist", "fair")), by="round")
+    scores_once = "code: every variant selects from the scores the base policy computed once (no second pass)"
     return pd.DataFrame([
-        _claim(f"{_label(policy)} + fair compresses at about the base's cost (at most x1.15)", "x1.08 (0.065 vs 0.06 s)",
-               f"x{fair}", verdicts.decide(fair, below=1.15), fair.n),
-        _claim(f"{_label(policy)} + whitelist costs at most a third more to compress (at most x1.35)",
-               "x1.33 (0.08 vs 0.06 s)", f"x{white}", verdicts.decide(white, below=1.35), white.n),
+        _claim(f"{_label(policy)} + fair costs more to compress than the base", "x1.08 (0.065 vs 0.06 s)", f"x{fair}",
+               verdicts.decide(fair, above=1.0), fair.n, verdicts.magnitude(fair, 1.08, "cost"), scores_once),
+        _claim(f"{_label(policy)} + whitelist costs more to compress than the base", "x1.33 (0.08 vs 0.06 s)",
+               f"x{white}", verdicts.decide(white, above=1.0), white.n, verdicts.magnitude(white, 1.33, "cost"),
+               scores_once),
         _claim("decoding costs the same with every variant (within 7%)", "within 7% (about 0.030 s)",
                f"largest difference {drift}", verdicts.decide(drift, below=0.07), drift.n),
     ])
@@ -417,26 +477,42 @@ def _rank_agreement(frame: pd.DataFrame) -> float:
     return float(stats.spearmanr(judged["judge_expected"], judged[analysis.LEAKAGE]).statistic)
 
 
-def judge(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
+JUDGE_MIN_ACCURACY = 0.8  # a judge whose calibration interval reaches below this decides no claim
+
+
+def judge(rows: pd.DataFrame, policy: str = "streamingllm", calibration: pd.DataFrame | None = None) -> pd.DataFrame:
     """Figs 25-26: the judge's leak rate (score >= 2) shows the same inverted U as ROUGE-L; StreamingLLM's reaches
     about 0.7-0.8 at r = 0.5-0.6, under 0.2 with the whitelist and 0.4-0.5 with fair eviction. Ours at r = 0.5, and
-    the judge's rank agreement with ROUGE-L (the paper reports none)."""
+    the judge's rank agreement with ROUGE-L (ours: the paper reports none). ``calibration``
+    (``judge.calibration_summary``, its first row over every labelled response) is quoted beside each claim, and while
+    its interval reaches below ``JUDGE_MIN_ACCURACY`` every claim that rests on the judge is inconclusive."""
     judged = rows.assign(judge_leak=rows["judge_leak"].astype(float))
     n = judged["key"].nunique()
+    trusted, caveat = True, ""
+    if calibration is not None:
+        right = calibration.iloc[0]
+        trusted = right["low"] >= JUDGE_MIN_ACCURACY
+        caveat = (f"; judge right on {verdicts.number(right['accuracy'])} [{verdicts.number(right['low'])}, "
+                  f"{verdicts.number(right['high'])}] of {int(right['n'])} labelled responses"
+                  + ("" if trusted else f" (below {JUDGE_MIN_ACCURACY:g}: decides nothing)"))
+    decided = lambda verdict_: verdict_ if trusted else verdicts.INCONCLUSIVE
     base = {r: _values(judged, "judge_leak", r, policy=policy, variant="base") for r in (0.0, PEAK)}
     rise, rise_v = _compared(base[PEAK], base[0.0])
     out = [_claim(f"{_label(policy)} leak rate (judge) rises under compression (r = {PEAK:g} vs 0)",
                   "0.7-0.8 at r = 0.5-0.6", f"{verdicts.mean(base[0.0])} -> {verdicts.mean(base[PEAK])}, rise "
-                  f"{rise.signed()}", rise_v, n)]
-    for variant, paper in (("whitelist", "< 0.2"), ("fair", "0.4-0.5")):
+                  f"{rise.signed()}{caveat}", decided(rise_v), n, verdicts.magnitude(verdicts.mean(base[PEAK]), (0.7, 0.8), "rate"),
+                  f"{ECHO}; {JUDGE}")]
+    for variant, paper, value in (("whitelist", "< 0.2", (0.0, 0.2)), ("fair", "0.4-0.5", (0.4, 0.5))):
         if variant in set(judged["variant"]):
             after = _values(judged, "judge_leak", PEAK, policy=policy, variant=variant)
             drop, drop_v = _compared(base[PEAK], after)
             out.append(_claim(f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {PEAK:g})", paper,
-                              f"{verdicts.mean(base[PEAK])} -> {verdicts.mean(after)}, drop {drop.signed()}", drop_v, n))
+                              f"{verdicts.mean(base[PEAK])} -> {verdicts.mean(after)}, drop {drop.signed()}{caveat}",
+                              decided(drop_v), n,
+                              verdicts.magnitude(verdicts.mean(after), value, "rate"), JUDGE))
     rho = verdicts.resampled(judged.dropna(subset=["judge_expected", analysis.LEAKAGE]), _rank_agreement)
-    out.append(_claim("the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", "not reported",
-                      f"rho {rho}", verdicts.decide(rho, above=0.5), rho.n))
+    out.append(_claim("the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", OURS,
+                      f"rho {rho}{caveat}", decided(verdicts.decide(rho, above=0.5)), rho.n, why=JUDGE))
     return pd.DataFrame(out)
 
 
@@ -570,37 +646,50 @@ BEYOND_THE_PAPER = {"11": "the paper's open questions", "12": "the press atlas"}
 
 
 def write_summary(folder: Path, title: str) -> Path:
-    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.md``) into ``folder``/SUMMARY.md in two
-    sections, each with its own counts of claims that hold, fail and are inconclusive: the paper's claims first
-    (notebooks 01-10), then ours, beyond the paper (``BEYOND_THE_PAPER``), so a headline never mixes the two."""
+    """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.csv``) into ``folder``/SUMMARY.md in two
+    sections, each with its own counts: the paper's claims first (direction: holds / fails / inconclusive; magnitude:
+    matches / differs / n.a.), then ours (the notebooks beyond the paper, ``BEYOND_THE_PAPER``, and any claim whose
+    paper column is ``OURS``), so a headline never mixes the two."""
     folder = Path(folder)
-    tables = sorted((folder / "tables").glob("*_paper_vs_us.md"))
+    tables = sorted((folder / "tables").glob("*_paper_vs_us.csv"))
     if not tables:
-        raise FileNotFoundError(f"no *_paper_vs_us.md table under {folder / 'tables'}: run the notebooks first")
-    counted = lambda claims: ", ".join(f"{int((claims['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
-    frames = {table: pd.read_csv(table.with_suffix(".csv")) for table in tables}
-    stale = [table.with_suffix(".csv").name for table, claims in frames.items() if "verdict" not in claims.columns]
+        raise FileNotFoundError(f"no *_paper_vs_us.csv table under {folder / 'tables'}: run the notebooks first")
+    frames = {table.name[:2]: pd.read_csv(table, keep_default_na=False) for table in tables}
+    stale = [f"{number}_paper_vs_us.csv" for number, claims in frames.items() if "verdict" not in claims.columns]
     if stale:
         raise SummaryError(f"{', '.join(stale)} has no verdict column (written by an older fairkv, before claims had "
                            f"verdicts): re-run notebook {', '.join(name[:2] for name in stale)} before the summary")
-    parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: our "
-             "estimate with its 95% interval over prompts, n, and whether it holds (the interval lies where the claim "
-             "says), fails (it lies outside) or is inconclusive (it straddles). The paper's claims come first, with "
-             "their own counts; the claims of the notebooks that go beyond the paper are ours and are counted apart. "
-             f"Rows computed by fairkv's result code {code_fingerprint()} (``fairkv.fingerprint``).\n"]
-    sections = (("The paper's claims", {t: c for t, c in frames.items() if t.name[:2] not in BEYOND_THE_PAPER}),
-                ("Beyond the paper: our own claims", {t: c for t, c in frames.items() if t.name[:2] in BEYOND_THE_PAPER}))
-    for heading, section in sections:
+    ours = {number: claims["paper"].eq(OURS) | (number in BEYOND_THE_PAPER) for number, claims in frames.items()}
+    tolerances = ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
+    parts = [f"# {title}\n", "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables. Each claim: the "
+             "paper's number, our estimate with its 95% interval over prompts, n, and two verdicts. Direction "
+             "(`verdict`): the claim holds (the interval lies where the claim says), fails (it lies outside) or is "
+             "inconclusive (it straddles). Magnitude: the paper's number matches ours when it lies inside our interval "
+             f"widened by a tolerance per kind of quantity ({tolerances}; `fairkv.verdicts.TOLERANCE`), differs "
+             "otherwise, n.a. when the paper gives no number; `why` names what makes a claim fail or its magnitude "
+             "differ (the model, the profile's budget or our code). The paper's claims come first, with their own "
+             "counts; ours (the notebooks that go beyond the paper, and claims the paper does not make) are counted "
+             f"apart. Rows computed by fairkv's result code {code_fingerprint()} (``fairkv.fingerprint``).\n"]
+    for heading, mine in (("The paper's claims", False), ("Beyond the paper: our own claims", True)):
+        section = {number: claims[ours[number] == mine] for number, claims in frames.items()}
+        section = {number: claims for number, claims in section.items() if len(claims)}
         if not section:
             continue
         every = pd.concat(section.values())
-        names = ", ".join(table.name[:2] for table in section)
-        parts.append(f"## {heading} (notebooks {names}): {len(every)} claim{'s' * (len(every) != 1)}, "
-                     f"{counted(every)}\n")
-        for table, claims in section.items():
-            about = f", {BEYOND_THE_PAPER[table.name[:2]]}" if table.name[:2] in BEYOND_THE_PAPER else ""
-            parts.append(f"### Notebook {table.name[:2]}{about}: {counted(claims)} (of {len(claims)})\n")
-            parts.append(table.read_text())
+        magnitudes = "" if mine else f"; magnitude: {_counted(every, 'magnitude', verdicts.MAGNITUDES)}"
+        parts.append(f"## {heading} (notebooks {', '.join(section)}): {len(every)} claim{'s' * (len(every) != 1)}; "
+                     f"direction: {_counted(every, 'verdict', verdicts.VERDICTS)}{magnitudes}\n")
+        for number, claims in section.items():
+            about = f", {BEYOND_THE_PAPER[number]}" if number in BEYOND_THE_PAPER else ""
+            parts.append(f"### Notebook {number}{about}: {_counted(claims, 'verdict', verdicts.VERDICTS)} "
+                         f"(of {len(claims)})\n")
+            parts.append(claims.to_markdown(index=False) + "\n")
     summary = folder / "SUMMARY.md"
     summary.write_text("\n".join(parts))
     return summary
+
+
+def _counted(claims: pd.DataFrame, column: str, values) -> str:
+    """'20 holds, 4 fails, 11 inconclusive': how many claims carry each of ``values`` in ``column``."""
+    counts = claims[column].value_counts() if column in claims else pd.Series(dtype=int)
+    return ", ".join(f"{int(counts.get(value, 0))} {value}" for value in values)

@@ -10,16 +10,22 @@ Protocol: ``warmup`` untimed rounds, then ``repeats`` rounds; in each round ever
 measured once, variants interleaved, so drift of the machine (clock, cache, other load) falls on all variants alike.
 Compression is the real path (``generation.compress``: prefill under the kvpress press, as the paper measures it);
 decoding runs exactly ``new_tokens`` tokens at batch size 1 (no stop at end of turn: equal work per variant).
+
+Timings are stored like any other rows (``timings``: ``results/<profile>/runtime_<model>.csv``, the plan beside each
+row), so re-rendering notebook 09 reads the measured rounds and gives the same claims on any machine and load; they are
+measured again only when asked (``remeasure``) or when the stored ones belong to another plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import pandas as pd
 import torch
 
-from fairkv import data, generation, models, prompts
+from fairkv import data, generation, models, paths, prompts
 from fairkv.presses import POLICIES
 from fairkv.progress import Bar
 from fairkv.prompts import Prompt
@@ -60,6 +66,30 @@ def plan(profile: str, **overrides) -> Plan:
         raise ValueError(f"unknown profile {profile!r}: use one of {', '.join(PLANS)}")
     chosen = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
     return replace(PLANS[profile], **chosen)
+
+
+def stored(chosen: Plan, profile: str) -> Path:
+    """Where ``profile``'s timings of ``chosen.model`` are kept."""
+    return paths.results_dir() / profile / f"runtime_{chosen.model.replace('/', '__')}.csv"
+
+
+def timings(chosen: Plan, profile: str, remeasure: bool = False, progress: bool = True) -> pd.DataFrame:
+    """The plan's timings: read from ``stored`` when they were measured for this very plan, else measured now (and
+    when ``remeasure``) and stored. Says which."""
+    path = stored(chosen, profile)
+    key = json.dumps({k: v for k, v in asdict(chosen).items() if k != "note"}, sort_keys=True)
+    if path.exists() and not remeasure:
+        kept = pd.read_csv(path)
+        if set(kept["plan"]) == {key}:
+            print(f"timings: {(~kept['warmup']).sum()} timed measurements read from {path.name} (measured "
+                  f"{kept['measured'].iloc[0]}; remeasure=True times them again)")
+            return kept.drop(columns=["plan", "measured"])
+        print(f"timings: {path.name} holds another plan's timings: measuring this plan's")
+    measured = run(chosen, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measured.assign(plan=key, measured=pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC")).to_csv(path, index=False)
+    print(f"timings: measured now, stored in {path.name}")
+    return measured
 
 
 def run(chosen: Plan, progress: bool = True) -> pd.DataFrame:

@@ -10,9 +10,15 @@ one value per prompt:
 
 ``decide``: a claim ``holds`` when the whole interval lies inside the claimed region, ``fails`` when none of it does
 (the interval excludes the claimed effect, e.g. it lies at or below no effect for a claimed increase), and is
-``inconclusive`` otherwise. A bootstrap interval over fewer than ``MIN_BOOTSTRAP`` prompts decides nothing
-(inconclusive): with four prompts that all show no change it is [0, 0], which would read as a finding; Wilson and
-Newcombe intervals stay honest at small n and decide at any n. A compound claim (a ranking, a shape) is the
+``inconclusive`` otherwise: this is the claim's *direction*. A bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts
+prints no interval ("too few prompts for an interval (n = 2)") and decides nothing (inconclusive): with four prompts
+that all show no change it is [0, 0], which would read as a finding; Wilson and Newcombe intervals stay honest at
+small n and decide at any n. Numbers print with two decimals, or one significant digit where two decimals would show
+a value that is not 0 as 0 (``number``).
+
+``magnitude``: whether the paper's own number (its figures', approximate) lies inside our interval widened by a
+tolerance per kind of quantity (``TOLERANCE``, stated once here): ``matches``, ``differs``, or ``n.a.`` when the paper
+gives no number. A direction can hold while the magnitude differs (the effect is there, smaller). A compound claim (a ranking, a shape) is the
 conjunction of its parts (``all_of``): it holds when every part holds, fails when any part fails, else is
 inconclusive. ``resampled`` gives any other statistic (a spread over classes, a rank correlation, a Pareto share) an
 interval by resampling prompts.
@@ -32,7 +38,21 @@ from fairkv.metrics import proportion_ci
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)
-MIN_BOOTSTRAP = 10  # prompts below which a bootstrap interval is shown but decides nothing
+MIN_BOOTSTRAP = 10  # prompts below which a bootstrap gives no interval and decides nothing
+MATCHES, DIFFERS, NOT_APPLICABLE = "matches", "differs", "n.a."
+MAGNITUDES = (MATCHES, DIFFERS, NOT_APPLICABLE)
+# How far outside our 95% interval the paper's number may lie and still match, per kind of quantity: the paper's
+# numbers are read off its figures (about +-0.05) on another model (Llama-3.1-8B), so a match is "about the same".
+TOLERANCE = {
+    "rate": 0.10,  # refusal, leak or judge rate
+    "leakage": 0.10,  # ROUGE-L recall
+    "keep": 0.10,  # keep rate of a span
+    "accuracy": 0.10,  # IFEval accuracy
+    "difference": 0.10,  # a change in one of the above (after - before)
+    "score": 0.05,  # Table 1's composite score (half an accuracy change plus half a leakage change)
+    "share": 0.15,  # a share of ratios (Pareto frequency)
+    "cost": 0.10,  # a runtime ratio to the base policy
+}
 
 
 class VerdictError(ValueError):
@@ -59,8 +79,21 @@ class Estimate:
     def _show(self, sign: str) -> str:
         if math.isnan(self.value):
             return "undefined"
-        shown = f"{self.value:{sign}.2f}"
-        return f"{shown} [no interval]" if math.isnan(self.low) else f"{shown} [{self.low:{sign}.2f}, {self.high:{sign}.2f}]"
+        shown = number(self.value, sign)
+        if self.method == "bootstrap" and self.n < MIN_BOOTSTRAP:
+            return f"{shown} [too few prompts for an interval (n = {self.n})]"
+        if math.isnan(self.low):
+            return f"{shown} [no interval]"
+        return f"{shown} [{number(self.low, sign)}, {number(self.high, sign)}]"
+
+
+def number(value: float, sign: str = "") -> str:
+    """Two decimals, or one significant digit where two decimals would print a value that is not 0 as 0 (+0.003,
+    not +0.00: a bound at zero stays visible)."""
+    shown = f"{value:{sign}.2f}"
+    if value != 0 and float(shown) == 0:
+        return f"{value:{sign}.1g}" if abs(value) >= 1e-4 else f"{value:{sign}.0e}"
+    return shown
 
 
 def _binary(values: np.ndarray) -> bool:
@@ -146,11 +179,30 @@ def decide(estimate: Estimate, above: float | None = None, below: float | None =
     interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
     if above is None and below is None:
         raise VerdictError("a claim needs a region: above and/or below")
-    if estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP:
+    if estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP or math.isnan(estimate.low):
         return INCONCLUSIVE
     inside = (above is None or estimate.low > above) and (below is None or estimate.high < below)
     outside = (above is not None and estimate.high <= above) or (below is not None and estimate.low >= below)
     return HOLDS if inside else FAILS if outside else INCONCLUSIVE
+
+
+def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kind: str) -> str:
+    """``matches`` when the paper's number (or any part of its range) lies inside our 95% interval widened by
+    ``TOLERANCE[kind]`` on both sides, ``differs`` when it lies outside; ``n.a.`` when the paper gives no number or we
+    have no interval."""
+    if kind not in TOLERANCE:
+        raise VerdictError(f"unknown kind of quantity {kind!r}: use one of {', '.join(TOLERANCE)}")
+    if paper is None or math.isnan(estimate.low) or (estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP):
+        return NOT_APPLICABLE
+    low, high = (paper, paper) if isinstance(paper, (int, float)) else paper
+    tolerance = TOLERANCE[kind]
+    return MATCHES if high >= estimate.low - tolerance and low <= estimate.high + tolerance else DIFFERS
+
+
+def all_magnitudes(magnitudes: list[str]) -> str:
+    """A quantity of several parts (a ranking): matches when every part does, differs when any does, else n.a."""
+    return DIFFERS if DIFFERS in magnitudes else MATCHES if magnitudes and all(m == MATCHES for m in magnitudes) \
+        else NOT_APPLICABLE
 
 
 def all_of(verdicts: list[str]) -> str:

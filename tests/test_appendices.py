@@ -128,6 +128,27 @@ def test_runtime_measures_equal_work_per_variant(smollm, normal_prompt, records)
     assert set(runtime.headline(runtime.summarise(timings)).index) == {(p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS}
 
 
+def test_runtime_timings_are_stored_and_read_back_for_the_same_plan_only(tmp_path, monkeypatch):
+    """Re-rendering notebook 09 reads the stored rounds (the same claims on any machine and load); another plan, or
+    remeasure=True, times again."""
+    monkeypatch.setenv("FAIRKV_RESULTS_DIR", str(tmp_path))
+    calls = []
+
+    def measured(chosen, progress=True):
+        calls.append(chosen)
+        return pd.DataFrame({"round": [-1, 0], "warmup": [True, False], "compress_s": [0.1, 0.2 + len(calls)]})
+
+    monkeypatch.setattr(runtime, "run", measured)
+    chosen = runtime.plan("ci")
+    first = runtime.timings(chosen, "ci", progress=False)
+    assert runtime.stored(chosen, "ci").parent == tmp_path / "ci" and len(calls) == 1
+    pd.testing.assert_frame_equal(runtime.timings(chosen, "ci"), first)  # read back, not measured
+    assert len(calls) == 1
+    runtime.timings(runtime.plan("ci", repeats=3), "ci")  # another plan: measured again
+    runtime.timings(chosen, "ci", remeasure=True)
+    assert len(calls) == 3
+
+
 class SplitDigits:
     def encode(self, text, add_special_tokens=False):
         return [1, 2]

@@ -64,11 +64,42 @@ def test_compound_claims_and_undefined_intervals():
     assert verdicts.all_of([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE
     assert verdicts.all_of([INCONCLUSIVE, FAILS, HOLDS]) == FAILS
     assert verdicts.decide(Estimate(0.4, np.nan, np.nan, 1), above=0) == INCONCLUSIVE  # one prompt: no interval
-    assert str(Estimate(0.4, np.nan, np.nan, 1)) == "0.40 [no interval]"
+    assert str(Estimate(0.4, np.nan, np.nan, 1)) == "0.40 [too few prompts for an interval (n = 1)]"
+    assert str(Estimate(0.4, np.nan, np.nan, 12)) == "0.40 [no interval]"  # most resamples undefined
     assert Estimate(np.nan, np.nan, np.nan, 4).signed() == "undefined"  # e.g. no class to normalise
-    assert Estimate(-0.1, -0.3, 0.05, 9).signed() == "-0.10 [-0.30, +0.05]"
+    # a bootstrap under MIN_BOOTSTRAP prompts prints no interval and decides nothing, even one excluding zero
+    few = Estimate(0.22, 0.02, 0.22, 2)
+    assert few.signed() == "+0.22 [too few prompts for an interval (n = 2)]"
+    assert verdicts.decide(few, above=0) == INCONCLUSIVE
+    assert Estimate(-0.1, -0.3, 0.05, 10).signed() == "-0.10 [-0.30, +0.05]"
+    # a bound at zero stays visible: +0.003 is not +0.00, -0.0004 not -0.00
+    assert Estimate(-0.04, -0.08, 0.003, 10).signed() == "-0.04 [-0.08, +0.003]"
+    assert Estimate(-0.04, -0.08, -0.0004, 10, "wilson").signed() == "-0.04 [-0.08, -0.0004]"
+    assert Estimate(0.0, 0.0, 0.04, 10).signed() == "+0.00 [+0.00, +0.04]"
     with pytest.raises(verdicts.VerdictError, match="region"):
         verdicts.decide(Estimate(0.4, 0.1, 0.5, 10))
+
+
+@pytest.mark.parametrize("estimate, paper, kind, expected", [
+    (Estimate(0.13, 0.08, 0.17, 100), (0.50, 0.55), "leakage", verdicts.DIFFERS),  # directive leakage: 3-4x below
+    (Estimate(0.13, 0.08, 0.17, 100), 0.27, "leakage", verdicts.MATCHES),  # 0.27 <= 0.17 + 0.10
+    (Estimate(0.13, 0.08, 0.17, 100), 0.28, "leakage", verdicts.DIFFERS),
+    (Estimate(1.00, 0.98, 1.01, 10), 1.33, "cost", verdicts.DIFFERS),  # the whitelist's compression cost
+    (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.MATCHES),
+    (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
+    (Estimate(0.5, 0.1, 0.9, 4), 0.5, "share", verdicts.NOT_APPLICABLE),  # too few prompts for an interval
+    (Estimate(0.5, 0.1, 0.9, 40), None, "share", verdicts.NOT_APPLICABLE),  # the paper gives no number
+])
+def test_magnitude_compares_the_papers_number_with_our_interval(estimate, paper, kind, expected):
+    assert verdicts.magnitude(estimate, paper, kind) == expected
+
+
+def test_magnitude_of_several_parts_and_bad_kind():
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.MATCHES]) == verdicts.MATCHES
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]) == verdicts.DIFFERS
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.NOT_APPLICABLE]) == verdicts.NOT_APPLICABLE
+    with pytest.raises(verdicts.VerdictError, match="unknown kind of quantity 'speed'"):
+        verdicts.magnitude(Estimate(0.1, 0.0, 0.2, 10), 0.1, "speed")
 
 
 def test_resampled_statistic_keeps_prompts_paired():
@@ -109,6 +140,42 @@ def test_claims_read_at_the_papers_ratio_or_refuse():
     assert set(few["verdict"]) == {INCONCLUSIVE}
 
 
+def test_magnitude_compares_the_papers_keep_rates_and_says_why_it_differs():
+    """Fig 7's StreamingLLM keep rates (paper: directive 0.90-0.95, defense 0.40-0.50): 0.9 / 0.4 match; 0.6 / 0.4
+    differ, with the reason; a claim without a number of the paper is n.a."""
+    matching = paper.pitfall5(keep_rows(0.9, 0.4))
+    assert matching["magnitude"].tolist()[0] == verdicts.MATCHES and matching["why"].iloc[0] == ""
+    differing = paper.pitfall5(keep_rows(0.6, 0.4))
+    assert differing["magnitude"].iloc[0] == verdicts.DIFFERS and differing["why"].iloc[0].startswith("model: ")
+    assert (matching["magnitude"].iloc[1:] == verdicts.NOT_APPLICABLE).all()
+    assert matching["why"].iloc[2].startswith("model: ")  # K-Norm's claim fails here: why is said
+
+
+def judged_rows(n: int = 20) -> pd.DataFrame:
+    """StreamingLLM's judged attack rows: no leak at r = 0, every response a leak at r = 0.5, none with the
+    whitelist."""
+    rows = []
+    for key in range(n):
+        for variant, ratio, leak in (("base", 0.0, 0), ("base", 0.5, 1), ("whitelist", 0.5, 0)):
+            rows.append({"key": key, "policy": "streamingllm", "variant": variant, "ratio": ratio, "judge_leak": leak,
+                         "judge_expected": 3.0 * leak + 0.01 * key, analysis.LEAKAGE: 0.5 * leak + 0.001 * key,
+                         "cell_id": f"{key}-{variant}-{ratio}"})
+    return pd.DataFrame(rows)
+
+
+def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
+    """The judge's calibration is quoted beside each claim; with its interval below 0.8 every claim resting on it is
+    inconclusive, however clear the rows (broken on purpose: the caveat ignored -> 'holds')."""
+    calibration = lambda low: pd.DataFrame([{"kind": "all", "n": 36, "accuracy": low + 0.1, "low": low,
+                                             "high": min(low + 0.2, 1.0)}])
+    trusted = paper.judge(judged_rows(), calibration=calibration(0.85)).set_index("claim")
+    assert trusted["verdict"].iloc[:2].tolist() == [HOLDS, HOLDS]
+    assert "judge right on 0.95 [0.85, 1.00] of 36 labelled responses" in trusted["ours"].iloc[0]
+    poor = paper.judge(judged_rows(), calibration=calibration(0.53))
+    assert set(poor["verdict"]) == {INCONCLUSIVE} and "(below 0.8: decides nothing)" in poor["ours"].iloc[0]
+    assert poor["paper"].iloc[-1] == paper.OURS  # the rank agreement with ROUGE-L is our claim, not the paper's
+
+
 def test_summary_counts_the_three_verdicts(tmp_path):
     table = pd.DataFrame([paper._claim("a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
                           paper._claim("b", "x", "y", FAILS, 10), paper._claim("c", "x", "y", INCONCLUSIVE, 10)])
@@ -117,16 +184,19 @@ def test_summary_counts_the_three_verdicts(tmp_path):
                        "inconclusive: c."
     tables = tmp_path / "tables"
     tables.mkdir()
+    table = pd.concat([table.assign(magnitude=[verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]),
+                       pd.DataFrame([paper._claim("d", paper.OURS, "y", FAILS, 10, why="code")])])
     table.to_csv(tables / "03_paper_vs_us.csv", index=False)
-    (tables / "03_paper_vs_us.md").write_text(table.to_markdown(index=False))
-    table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a claim of ours: counted apart
-    (tables / "12_paper_vs_us.md").write_text(table.iloc[:1].to_markdown(index=False))
+    table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a notebook beyond the paper: ours
     summary = paper.write_summary(tmp_path, "t").read_text()
-    paper_part, ours = summary.split("## Beyond the paper: our own claims (notebooks 12): 1 claim, 1 holds, 0 fails, "
-                                     "0 inconclusive")
-    assert "## The paper's claims (notebooks 03): 3 claims, 1 holds, 1 fails, 1 inconclusive" in paper_part
+    paper_part, ours = summary.split("## Beyond the paper: our own claims (notebooks 03, 12): 2 claims; direction: "
+                                     "1 holds, 1 fails, 0 inconclusive")
+    assert ("## The paper's claims (notebooks 03): 3 claims; direction: 1 holds, 1 fails, 1 inconclusive; magnitude: "
+            "1 matches, 1 differs, 1 n.a.") in paper_part
     assert "### Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in paper_part and "0.5 [0.2, 0.8]" in paper_part
+    assert "### Notebook 03: 0 holds, 1 fails, 0 inconclusive (of 1)" in ours  # the claim the paper does not make
     assert "### Notebook 12, the press atlas: 1 holds, 0 fails, 0 inconclusive (of 1)" in ours
+    assert "leakage 0.1" in summary  # the tolerances, stated once
     # a table from before verdicts (a "holds" column of True / False) names itself and the notebook to re-run
     table.drop(columns="verdict").assign(holds=True).to_csv(tables / "11_paper_vs_us.csv", index=False)
     (tables / "11_paper_vs_us.md").write_text("old")
