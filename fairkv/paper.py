@@ -537,7 +537,7 @@ def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
         out.append(_claim(f"1-2k words: {_label(policy)} leakage rises under compression (r = {PEAK:g} vs 0)",
                           "like IFEval (inverted U)", f"{verdicts.mean(at[0.0])} -> {verdicts.mean(at[PEAK])}, rise "
                           f"{rise.signed()}", rise_v, n))
-        verdict_, text = _before_after(frame.assign(order="normal"), "fair", policy, PEAK)
+        verdict_, text, _ = _before_after(frame.assign(order="normal"), "fair", policy, PEAK)
         out.append(_claim(f"1-2k words: fair eviction lowers leakage (r = {PEAK:g})", "lower than base", text, verdict_, n))
     if "3k" in buckets:
         frame = rows[rows["bucket"] == "3k"]
