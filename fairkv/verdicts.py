@@ -13,15 +13,14 @@ one value per prompt:
 ``inconclusive`` otherwise: this is the claim's *direction*. A bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts
 prints no interval ("too few prompts for an interval (n = 2)") and decides nothing (inconclusive): with four prompts
 that all show no change it is [0, 0], which would read as a finding; Wilson and Newcombe intervals stay honest at
-small n and decide at any n. Numbers print with two decimals, or one significant digit where two decimals would show
-a value that is not 0 as 0 (``number``).
+small n and decide at any n. A compound claim (a ranking, a shape) is the conjunction of its parts (``all_of``): it
+holds when every part holds, fails when any part fails, else is inconclusive. ``resampled`` gives any other statistic
+(a spread over classes, a rank correlation, a Pareto share) an interval by resampling prompts. Numbers print with two
+decimals, or one significant digit where two decimals would show a value that is not 0 as 0 (``number``).
 
 ``magnitude``: whether the paper's own number (its figures', approximate) lies inside our interval widened by a
 tolerance per kind of quantity (``TOLERANCE``, stated once here): ``matches``, ``differs``, or ``n.a.`` when the paper
-gives no number. A direction can hold while the magnitude differs (the effect is there, smaller). A compound claim (a ranking, a shape) is the
-conjunction of its parts (``all_of``): it holds when every part holds, fails when any part fails, else is
-inconclusive. ``resampled`` gives any other statistic (a spread over classes, a rank correlation, a Pareto share) an
-interval by resampling prompts.
+gives no number. A direction can hold while the magnitude differs (the effect is there, smaller).
 
 The paper reports no intervals; these are ours.
 """
@@ -76,11 +75,16 @@ class Estimate:
         """For differences: the sign shown."""
         return self._show("+")
 
+    @property
+    def too_few(self) -> bool:
+        """A bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts: no interval, no verdict."""
+        return self.method == "bootstrap" and self.n < MIN_BOOTSTRAP
+
     def _show(self, sign: str) -> str:
         if math.isnan(self.value):
             return "undefined"
         shown = number(self.value, sign)
-        if self.method == "bootstrap" and self.n < MIN_BOOTSTRAP:
+        if self.too_few:
             return f"{shown} [too few prompts for an interval (n = {self.n})]"
         if math.isnan(self.low):
             return f"{shown} [no interval]"
@@ -179,7 +183,7 @@ def decide(estimate: Estimate, above: float | None = None, below: float | None =
     interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
     if above is None and below is None:
         raise VerdictError("a claim needs a region: above and/or below")
-    if estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP or math.isnan(estimate.low):
+    if estimate.too_few or math.isnan(estimate.low):
         return INCONCLUSIVE
     inside = (above is None or estimate.low > above) and (below is None or estimate.high < below)
     outside = (above is not None and estimate.high <= above) or (below is not None and estimate.low >= below)
@@ -192,7 +196,7 @@ def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kin
     have no interval."""
     if kind not in TOLERANCE:
         raise VerdictError(f"unknown kind of quantity {kind!r}: use one of {', '.join(TOLERANCE)}")
-    if paper is None or math.isnan(estimate.low) or (estimate.method == "bootstrap" and estimate.n < MIN_BOOTSTRAP):
+    if paper is None or estimate.too_few or math.isnan(estimate.low):
         return NOT_APPLICABLE
     low, high = (paper, paper) if isinstance(paper, (int, float)) else paper
     tolerance = TOLERANCE[kind]

@@ -39,8 +39,15 @@ class Audit:
     notes: list[str]
     skipped: list[dict] = field(default_factory=list)  # {"policy", "variant", "ratio", "status"}
     show_secrets: bool = False  # False: secrets are redacted in the reports
+    _summary: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     def summary(self) -> pd.DataFrame:
+        """The summary table (``summarise``), computed once: the verdict, the figures and both reports read it."""
+        if self._summary is None:
+            self._summary = self.summarise()
+        return self._summary
+
+    def summarise(self) -> pd.DataFrame:
         """Per policy, variant and ratio: keep rate per span; over the cell's ``attacks`` (n): mean leakage, the leak
         rate (a leak: any span's or the whole prompt's ROUGE-L recall above the threshold beyond the scripted replies,
         or a secret) and the refusal rate, each rate with its 95% Wilson interval (``_low``, ``_high``), the leak rate
