@@ -9,7 +9,11 @@ uses both cores (torch intra-op threads), so 2 workers can win only what one pro
 scoring, compression and small-batch decoding that do not fill 2 cores.
 
 ``--estimate`` prints, per sys_ifeval study of the paper profile, the distinct cells (cells shared by studies counted once)
-and the tokens they decode at most (every answer at its cap), to turn a measured tokens/s into GPU-hours.
+and the tokens they decode at most (every answer at its cap), to turn a measured tokens/s into GPU-hours; then, from
+the committed ``cpu`` rows, how long the answers really are per query (mean new tokens, share at the cap), which says
+how loose that bound is.
+
+    .venv/bin/python benchmarks/scaleout.py --estimate paper   # printed: benchmarks/results/scaleout_estimate_paper.txt
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import ray
 import torch
 
 from fairkv import executors, experiment, longbench, models, studies
+from fairkv.store import ResultsStore
 
 
 def timed_run(grid, executor, lm=None):
@@ -77,6 +82,24 @@ def estimate(profile: str) -> None:
     print(f"profile {profile}: {len(cells):,} distinct cells, at most {tokens:,} generated tokens")
     for rate in (500, 1000, 2000):
         print(f"  at {rate} tok/s (batched decoding, one GPU): {tokens / rate / 3600:.0f} GPU-hours at most")
+    measured("cpu")
+
+
+def measured(profile: str) -> None:
+    """Mean new tokens and the share of answers at their cap per query, over the profile's stored sweep rows."""
+    grid = experiment.PROFILES[profile]
+    store = ResultsStore(studies.results_folder(profile) / f"{grid.model}.jsonl")
+    rows = [row for row in store.rows().values() if row.get("query") in ("benign", "attack")]
+    if not rows:
+        print(f"no stored {profile} rows at {store.path}: run its notebooks for the measured answer lengths")
+        return
+    print(f"measured on the {profile} profile's stored rows ({grid.model}):")
+    for query in ("benign", "attack"):
+        mine = [row for row in rows if row["query"] == query]
+        capped = sum(row["new_tokens"] >= row["max_new_tokens"] for row in mine) / len(mine)
+        caps = sorted({row["max_new_tokens"] for row in mine})
+        print(f"  {query}: {len(mine):,} answers, {sum(row['new_tokens'] for row in mine) / len(mine):.1f} new tokens "
+              f"on average, {capped:.1%} at their cap ({', '.join(map(str, caps))} tokens)")
 
 
 if __name__ == "__main__":

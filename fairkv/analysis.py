@@ -22,7 +22,8 @@ import pandas as pd
 from scipy import stats
 
 from fairkv import verdicts
-from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal
+from fairkv.metrics import LEAK_THRESHOLD, instruction_class, is_refusal, proportion_ci
+
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
 ACCURACY, LEAKAGE = "prompt_strict", "leak_directive"  # the paper's directive accuracy and directive leakage
@@ -39,13 +40,16 @@ def _query(rows: pd.DataFrame, query: str) -> pd.DataFrame:
     return picked
 
 
-def with_benign_refusals(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows plus ``benign_refused``: 1 where the answer to the benign query is the defense's refusal (NaN on other
-    rows). A model that over-applies the defense refuses harmless requests; evicting the defense then raises
-    directive accuracy, which this column makes visible beside it."""
+def with_benign_flags(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows plus two flags of the answer to the benign query (NaN on other rows): ``benign_refused``, 1 where it is the
+    defense's refusal, and ``benign_capped``, 1 where it stopped at the new-token cap (``max_new_tokens``). A model that
+    over-applies the defense refuses harmless requests, and evicting the defense then raises directive accuracy; an
+    answer cut at the cap fails IFEval's length, ending and combination checks whatever it says. Both are shown
+    beside accuracy, so a reader sees when they, not the directive, move it."""
     benign = rows["query"] == "benign"
     refused = rows["response"].where(benign).map(lambda text: float(is_refusal(text)), na_action="ignore")
-    return rows.assign(benign_refused=refused)
+    capped = (rows["new_tokens"] >= rows["max_new_tokens"]).astype(float).where(benign)
+    return rows.assign(benign_refused=refused, benign_capped=capped)
 
 
 def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.DataFrame:
@@ -71,26 +75,45 @@ def interval_table(rows: pd.DataFrame, metric: str, index: str = "policy", colum
     return table.pivot(index=index, columns=columns, values="cell")
 
 
+def _instructions(rows: pd.DataFrame, strict: bool = True, split: bool = True) -> pd.DataFrame:
+    """One row per instruction of each benign answer: its setting, prompt, kind of prompt (single / multi, or "all"
+    when not ``split``), instruction class and whether it was followed."""
+    outcomes = "strict_list" if strict else "loose_list"
+    exploded = []
+    for row in _query(rows, "benign").itertuples():
+        kind = ("single" if len(row.instruction_ids) == 1 else "multi") if split else "all"
+        for instruction, ok in zip(row.instruction_ids, getattr(row, outcomes)):
+            exploded.append((row.policy, row.variant, row.lam, row.order, row.ratio, row.key, kind,
+                             instruction_class(instruction), float(ok)))
+    return pd.DataFrame(exploded, columns=[*SETTING, "key", "prompts", "class", "followed"])
+
+
+def _class_table(frame: pd.DataFrame, weights: pd.Series | None = None) -> pd.DataFrame:
+    """Accuracy and n per setting, kind of prompt, class and ratio; ``weights`` (per prompt key: how often a bootstrap
+    drew it) weigh each prompt's instructions."""
+    group = [c for c in SETTING if c != "ratio"] + ["prompts", "class"]
+    if weights is not None:
+        frame = frame.assign(weight=frame["key"].map(weights).fillna(0.0))
+        frame = frame[frame["weight"] > 0].assign(followed=lambda t: t["followed"] * t["weight"])
+        sums = frame.groupby([*group, "ratio"])[["followed", "weight"]].sum()
+        return sums.assign(accuracy=sums["followed"] / sums["weight"], n=sums["weight"])[["accuracy", "n"]].reset_index()
+    return frame.groupby([*group, "ratio"])["followed"].agg(accuracy="mean", n="size").reset_index()
+
+
 def class_accuracy(rows: pd.DataFrame, strict: bool = True, split: bool = True) -> pd.DataFrame:
     """Accuracy per instruction class and ratio, for single- and multi-instruction prompts (Fig 2a).
 
     Columns: SETTING without ratio, ``prompts`` (single / multi; "all" when ``split`` is False), ``class``, ``ratio``, ``accuracy`` (passes /
-    instructions of that class), ``n`` (instructions), ``normalised`` (accuracy / accuracy at r = 0; NaN where the
-    class scored 0 at r = 0).
+    instructions of that class), ``n`` (instructions), ``low`` / ``high`` (its 95% Wilson interval over instructions),
+    ``normalised`` (accuracy / accuracy at r = 0; NaN where the class scored 0 at r = 0).
     """
-    benign = _query(rows, "benign")
-    outcomes = "strict_list" if strict else "loose_list"
-    exploded = []
-    for row in benign.itertuples():
-        kind = ("single" if len(row.instruction_ids) == 1 else "multi") if split else "all"
-        for instruction, ok in zip(row.instruction_ids, getattr(row, outcomes)):
-            exploded.append((row.policy, row.variant, row.lam, row.order, row.ratio, kind, instruction_class(instruction), float(ok)))
-    frame = pd.DataFrame(exploded, columns=[*SETTING, "prompts", "class", "followed"])
     group = [c for c in SETTING if c != "ratio"] + ["prompts", "class"]
-    accuracy = frame.groupby([*group, "ratio"])["followed"].agg(accuracy="mean", n="size").reset_index()
+    accuracy = _class_table(_instructions(rows, strict, split))
     at_zero = accuracy[accuracy["ratio"] == 0.0].set_index(group)["accuracy"]
     if at_zero.empty:
         raise AnalysisError("class accuracy needs r = 0 among the ratios (normalisation and rho use it)")
+    bounds = [proportion_ci(round(a * n), int(n)) for a, n in zip(accuracy["accuracy"], accuracy["n"])]
+    accuracy["low"], accuracy["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
     zero = accuracy.set_index(group).index.map(at_zero.get)
     accuracy["normalised"] = accuracy["accuracy"] / pd.Series(zero, index=accuracy.index).replace(0.0, np.nan)
     return accuracy
@@ -113,9 +136,24 @@ def spearman(accuracy: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def setting_means(rows: pd.DataFrame) -> pd.DataFrame:
-    """Directive accuracy (benign rows) and directive leakage (attack rows) per setting, side by side."""
-    accuracy = _query(rows, "benign").groupby(SETTING)[ACCURACY].mean().rename("accuracy")
+def spearman_intervals(rows: pd.DataFrame, split: bool = True, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+    """``spearman`` of ``class_accuracy`` with a 95% interval per point (``low``, ``high``): a seeded bootstrap over
+    prompts (each draw weighs a prompt's instructions by how often it was drawn), so Figs 2b and 3 show bands."""
+    frame = _instructions(rows, split=split)
+    point = spearman(_class_table(frame))
+    keys, rng = frame["key"].unique(), np.random.default_rng(seed)
+    draws = [spearman(_class_table(frame, pd.Series(rng.choice(keys, len(keys))).value_counts()))
+             for _ in range(n_boot)]
+    group = [c for c in point.columns if c not in ("rho", "classes")]
+    bounds = pd.concat(draws).groupby(group)["rho"].quantile([0.025, 0.975]).unstack()
+    bounds.columns = ["low", "high"]
+    return point.merge(bounds.reset_index(), on=group, how="left")
+
+
+def setting_means(rows: pd.DataFrame, accuracy: str = ACCURACY) -> pd.DataFrame:
+    """Directive accuracy (benign rows; the column ``accuracy``, e.g. ``trec_score`` for LongBench TREC) and directive
+    leakage (attack rows) per setting, side by side."""
+    accuracy = _query(rows, "benign").groupby(SETTING)[accuracy].mean().rename("accuracy")
     leakage = _query(rows, "attack").groupby(SETTING)[LEAKAGE].mean().rename("leakage")
     return pd.concat([accuracy, leakage], axis=1).reset_index()
 
@@ -151,15 +189,19 @@ def table1(rows: pd.DataFrame, ratios: tuple[float, ...], variants: tuple[str, .
 PARETO_RULES = ("strict", "weak")
 
 
-def pareto_frequency(rows: pd.DataFrame, rule: str = "strict") -> pd.DataFrame:
+def pareto_frequency(rows: pd.DataFrame, rule: str = "strict", accuracy: str = ACCURACY) -> pd.DataFrame:
     """Appendix H: per policy and order, the share of ratios where each lambda is Pareto-optimal in (accuracy,
     leakage). ``rule`` "strict" (the paper's words): a lambda is dominated when another has both lower leakage and
     higher accuracy, so ties on one axis dominate nothing; "weak": when another is at least as good on both and
-    strictly better on one."""
+    strictly better on one. Over the ratios above 0 only: at r = 0 nothing is evicted, every lambda is the same
+    uncompressed model and ties, so it would add the same share to every lambda (the paper's ten ratios, 0-0.9,
+    include it)."""
     if rule not in PARETO_RULES:
         raise AnalysisError(f"unknown dominance rule {rule!r}: use one of {', '.join(PARETO_RULES)}")
-    table = setting_means(rows)
-    table = table[table["variant"].str.startswith("fair")]
+    table = setting_means(rows, accuracy)
+    table = table[table["variant"].str.startswith("fair") & (table["ratio"] > 0)]
+    if table.empty:
+        raise AnalysisError("no lambda rows above r = 0: the Pareto frequency needs compressed ratios")
     out = []
     for (policy, order, ratio), frame in table.groupby(["policy", "order", "ratio"]):
         leakage, accuracy = frame["leakage"].to_numpy(), frame["accuracy"].to_numpy()
@@ -174,9 +216,9 @@ def pareto_frequency(rows: pd.DataFrame, rule: str = "strict") -> pd.DataFrame:
     return frame.groupby(["policy", "order", "lam"])["optimal"].agg(frequency="mean", ratios="size").reset_index()
 
 
-def lambda_plane(rows: pd.DataFrame) -> pd.DataFrame:
-    """Directive accuracy and leakage per policy, order, lambda and ratio (the points of Figs 15-18)."""
-    table = setting_means(rows)
+def lambda_plane(rows: pd.DataFrame, accuracy: str = ACCURACY) -> pd.DataFrame:
+    """Directive accuracy (``accuracy``) and leakage per policy, order, lambda and ratio (the points of Figs 15-18)."""
+    table = setting_means(rows, accuracy)
     return table[table["variant"].str.startswith("fair")].reset_index(drop=True)
 
 

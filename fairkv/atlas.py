@@ -625,7 +625,11 @@ def attack_table(rows: pd.DataFrame) -> pd.DataFrame:
 def paper_vs_us(
     table: pd.DataFrame, attack_rows: pd.DataFrame | None = None, ratio: float = BIAS_RATIO
 ) -> pd.DataFrame:
-    """Claims in the notebooks' "paper vs us" form (claim, paper, ours, n, verdict), collated into SUMMARY.md.
+    """Claims in the notebooks' "paper vs us" form (claim, paper, ours, n, verdict). Notebook 12 reads its claims
+    from ``fairkv.paper.press_atlas``, which judges only the presses whose pattern the paper states and takes the
+    attack claims from here (an empty bias ``table``); the per-press claims below judge every press against the
+    paper's pitfall and wait to be removed until this module's code is next re-fingerprinted (its code decides the
+    committed atlas attack rows' fingerprint, ``anypress.register``: any edit here re-keys them).
 
     Per press: "the later span is kept more in both orders" (the paper's pitfall, Section 4.5): holds when both
     bias intervals lie on the later span's side, fails when either lies on the other side. Per attacked press (base

@@ -21,7 +21,7 @@ import torch
 import yaml
 from traitlets.config import Config
 
-from fairkv import audit, figures, judge, metrics, models, paper, progress, verify
+from fairkv import audit, figures, judge, metrics, models, paper, progress, readme, verify
 from fairkv.paths import REPO_ROOT, reports_dir, results_dir
 from fairkv.presses import POLICIES, PolicyError, get_policy
 from fairkv.store import ResultsStore, StoreError
@@ -89,6 +89,11 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
     folder = figures.output_dir(profile, parameters.get("output"))
     if any((folder / "tables").glob("*_paper_vs_us.csv")):
         print(f"summary: {paper.write_summary(folder, f'Paper vs us, {profile} profile')}")
+        if profile == readme.PROFILE and parameters.get("output") is None:
+            try:
+                print(f"results section: {readme.write(REPO_ROOT / 'README.md', folder, profile)}")
+            except readme.ReadmeError as error:
+                print(f"README's results section not rewritten: {error}")
     return written
 
 

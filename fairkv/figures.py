@@ -35,6 +35,14 @@ def suptitle(fig: plt.Figure, title: str) -> None:
     fig.suptitle(textwrap.fill(title, width), fontsize=10, y=1.0, va="bottom")
 
 
+def _in_order(values: pd.Series, hue: str) -> list:
+    """The distinct ``values`` in one order across figures: policies and variants as their colours list them (the
+    paper's order), anything else as it first appears."""
+    seen = list(dict.fromkeys(values))
+    known = list(palette(hue) or {})
+    return [v for v in known if v in seen] + [v for v in seen if v not in known]
+
+
 def palette(hue: str) -> dict | None:
     """The fixed colours of ``hue`` ("policy" labels or "variant"), None for any other hue (seaborn's default)."""
     return {"policy": POLICY_COLOURS, "variant": VARIANT_COLOURS}.get(hue)
@@ -97,7 +105,10 @@ def publish(fig: plt.Figure, name: str, folder: Path):
 
 
 def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digits: int = 4) -> list[Path]:
-    """Write ``name``.csv and ``name``.md under ``folder``/tables (default: the figures directory's)."""
+    """Write ``name``.csv and ``name``.md under ``folder``/tables (default: the figures directory's); a pivoted
+    table's two-level column names are written as one ("refused 0.5"), not as tuples."""
+    if isinstance(table.columns, pd.MultiIndex):
+        table = table.set_axis([" ".join(str(part) for part in column if str(part)) for column in table.columns], axis=1)
     folder = (Path(folder) if folder is not None else figures_dir()) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     csv, markdown = folder / f"{name}.csv", folder / f"{name}.md"
@@ -137,22 +148,49 @@ def keep_map_figure(evaluation: Evaluation) -> plt.Figure:
     return fig
 
 
+DODGE = 0.01  # how far along r the lines of a policy figure are moved apart at most, so equal lines stay visible
+ZOOM_BELOW = 0.3  # a panel whose means all stay below this is drawn on its own scale (stated in its label)
+
+
+def _scale(ax: plt.Axes, means: pd.Series) -> str:
+    """0-1 for rates, accuracies and leakages; a panel whose means all stay below ``ZOOM_BELOW`` on 0 to a little above
+    them, so small values are not flattened against the axis: returns the note its label carries then ("" else)."""
+    top = float(means.max()) if len(means) else 1.0
+    if not top < ZOOM_BELOW:
+        ax.set_ylim(-0.05, 1.05)
+        return ""
+    upper = max(0.05, float(np.ceil(top * 1.6 / 0.05) * 0.05))
+    ax.set_ylim(-upper / 20, upper)
+    return f" (y axis 0-{upper:g})"
+
+
 def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: str = "policy") -> plt.Figure:
     """One panel per metric column (column -> axis label), one line per ``hue`` value, against the compression ratio.
 
-    Lines are means over prompts with bootstrap 95% intervals (seeded, 1000 resamples).
+    Lines are means over prompts with bootstrap 95% intervals (seeded, 1000 resamples), each ``hue`` value's moved
+    along r by at most ``DODGE`` so that equal lines do not hide one another. Each panel's title gives its
+    own n (the prompts with that metric: the benign side can be smaller than the attack side) and, when it draws fewer
+    ``hue`` values than the figure, which; small values get their own scale (``_scale``).
     """
     rows = _label_policies(rows) if hue == "policy" else rows
-    fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.2), sharex=True)
+    fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.4), sharex=True)
     axes = np.atleast_1d(axes)
+    everyone = _in_order(rows[hue], hue)
+    # lines that coincide (two policies keeping the same tokens) stay visible: each hue's points are dodged a little
+    # along r, by at most DODGE
+    dodge = dict(zip(everyone, np.linspace(-DODGE, DODGE, len(everyone)) if len(everyone) > 1 else [0.0]))
     for ax, (column, label) in zip(axes, columns.items()):
+        data = rows.dropna(subset=[column]) if column in rows else rows.iloc[:0]
+        data = data.assign(ratio=data["ratio"] + data[hue].map(dodge))
         sns.lineplot(
-            data=rows, x="ratio", y=column, hue=hue, marker="o", ax=ax, errorbar=("ci", 95), n_boot=1000, seed=0,
-            legend=ax is axes[-1], palette=palette(hue),
+            data=data, x="ratio", y=column, hue=hue, marker="o", ax=ax, errorbar=("ci", 95), n_boot=1000, seed=0,
+            legend=ax is axes[-1], palette=palette(hue), hue_order=everyone,
         )
-        ax.set_ylabel(label)
+        drawn = list(dict.fromkeys(data[hue]))
+        only = f", {', '.join(drawn)} only" if len(drawn) < len(everyone) else ""
+        ax.set_title(f"n = {data['key'].nunique()} prompts{only}", fontsize=8)
+        ax.set_ylabel(textwrap.fill(label + _scale(ax, data.groupby([hue, "ratio"])[column].mean()), 32))
         ax.set_xlabel("compression ratio r")
-        ax.set_ylim(-0.05, 1.05)
     if axes[-1].get_legend() is not None:
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1, 1))
     suptitle(fig, title)
@@ -165,15 +203,24 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
 COMPLIANCE_PANELS = {"refused": "defense obeyed (refusal rate)", "leaked": f"leak rate (ROUGE-L > {LEAK_THRESHOLD})"}
 
 
+REFERENCES = {"directive": "directive", "defense": "defense (without its scripted reply)",
+              "defense_raw": "defense (whole template)"}
+
+
 def leakage_figure(rows: pd.DataFrame, title: str, hue: str = "policy", reference: str = "directive") -> plt.Figure:
     """Leakage of ``reference`` (directive or defense) beside the defense-compliance and leak rates."""
-    panels = {f"leak_{reference}": f"{reference} leakage (ROUGE-L recall)", **COMPLIANCE_PANELS}
+    panels = {f"leak_{reference}": f"{REFERENCES[reference]} leakage (ROUGE-L recall)", **COMPLIANCE_PANELS}
     return policy_curves(rows, panels, title, hue)
 
 
 def describe(model: str, rows: pd.DataFrame, extra: str = "") -> str:
-    """A figure title naming the model and the sample size (number of distinct prompts)."""
-    return f"model {model}, n = {rows['key'].nunique()} prompt(s){', ' + extra if extra else ''}"
+    """A figure title naming the model and the sample size (number of distinct prompts); where the queries ran on
+    different numbers of prompts (the benign side of a profile can be smaller), the range, each panel stating its
+    own (``policy_curves``, ``variant_figure``)."""
+    sizes = sorted({group["key"].nunique() for _, group in rows.groupby("query")}) if "query" in rows else []
+    sizes = sizes or [rows["key"].nunique()]
+    n = f"n = {sizes[0]} prompt(s)" if len(sizes) == 1 else f"n = {sizes[0]}-{sizes[-1]} prompts (each panel its own)"
+    return f"model {model}, {n}{', ' + extra if extra else ''}"
 
 
 def _label_policies(rows: pd.DataFrame) -> pd.DataFrame:
@@ -197,7 +244,12 @@ def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
         height=2.8, aspect=1.4, facet_kws={"sharey": False}, row_order=["single", "multi"], col_order=["accuracy", "normalised"],
     )
     grid.set_titles("{row_name}-instruction prompts, {col_name}")
+    colours = {text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)}
     for (kind, scale), ax in grid.axes_dict.items():
+        if scale == "accuracy":  # the raw accuracy's 95% Wilson band per class (``analysis.class_accuracy``)
+            for name, line in labelled[labelled["prompts"] == kind].sort_values("ratio").groupby("class"):
+                ax.fill_between(line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1,
+                                linewidth=0)
         ax.set_xlabel("compression ratio r")
         ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
         if scale == "normalised":
@@ -213,8 +265,14 @@ def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
 def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figure:
     """Fig 2b / Fig 3 right: Spearman rho(r) of the instruction-class ranking, one line per ``hue`` value."""
     rhos = _label_policies(rhos) if hue == "policy" else rhos
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
     sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax, palette=palette(hue))
+    if {"low", "high"} <= set(rhos.columns):  # ``analysis.spearman_intervals``: a 95% band per line
+        colours = {line.get_label(): line.get_color() for line in ax.get_legend().get_lines()}
+        for name, line in rhos.sort_values("ratio").groupby(hue):
+            ax.fill_between(line["ratio"], line["low"], line["high"], color=colours.get(str(name)), alpha=0.15,
+                            linewidth=0)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))  # beside the panel, never over the curves
     ax.set_xlabel("compression ratio r")
     ax.set_ylabel("Spearman rho vs r = 0")
     ax.set_ylim(-1.05, 1.05)
@@ -239,27 +297,38 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     return grid.figure
 
 
-def variant_figure(
-    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] = (-0.05, 1.05)
-) -> plt.Figure:
-    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis) vs r per policy (columns,
-    named above), one line per variant."""
+def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str,
+                   ylim: tuple[float, float] | None = None) -> plt.Figure:
+    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
+    (columns, named above), one line per variant; ``ylim`` for every row, else 0-1 and a row whose means all stay
+    small on its own scale (``_scale``)."""
     long = _label_policies(rows).melt(
         id_vars=["key", "policy", "variant", "ratio"], value_vars=list(columns), var_name="metric", value_name="value"
     ).dropna(subset=["value"])
+    present = [column for column in columns if (long["metric"] == column).any()]  # a metric no row carries: no panels
     long["metric"] = long["metric"].map(columns)
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
-        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, row_order=list(columns.values()),
-        palette=palette("variant"),
+        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, row_order=[columns[c] for c in present],
+        palette=palette("variant"), facet_kws={"sharey": "row"}, hue_order=_in_order(long["variant"], "variant"),
+        col_order=_in_order(long["policy"], "policy"),
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}", size=9)
-    for row, (axes, label) in enumerate(zip(grid.axes, columns.values())):
-        axes[0].set_ylabel(textwrap.fill(label, 24), fontsize=8)
+    for row, (axes, column) in enumerate(zip(grid.axes, present)):
+        picked = long[long["metric"] == columns[column]]
+        if ylim is None:  # sharey="row": one scale per row, set on its first panel
+            note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
+        else:
+            axes[0].set_ylim(ylim)
+            note = ""
+        axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
+        for ax in axes:
+            if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
+                ax.text(0.5, 0.5, "not run at\nthis profile", ha="center", va="center", fontsize=8, color="grey",
+                        transform=ax.transAxes)
         for ax in axes if row else ():
             ax.set_title("")  # the policy is named above the first row only
-    grid.set(ylim=ylim)
     suptitle(grid.figure, title)
     return grid.figure
 
@@ -267,10 +336,11 @@ def variant_figure(
 LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the plane lists them
 
 
-def lambda_plane_figure(plane: pd.DataFrame, title: str) -> plt.Figure:
-    """Figs 15-18: directive accuracy against directive leakage, one panel per order (rows) and ratio (columns), one
-    point per lambda. Points of one policy are joined in lambda order and drawn as hollow rings that shrink as lambda
-    grows, so lambdas that land on the same point stay visible as concentric rings."""
+def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "directive accuracy") -> plt.Figure:
+    """Figs 15-18: directive accuracy (named ``accuracy`` on the axis) against directive leakage, one panel per order
+    (rows) and ratio (columns), one point per lambda. Points of one policy are joined in lambda order and drawn as
+    hollow rings that shrink as lambda grows, so lambdas that land on the same point stay visible as concentric
+    rings."""
     plane = _label_policies(plane)
     ratios, orders = sorted(plane["ratio"].unique()), [o for o in ("normal", "flipped") if o in set(plane["order"])]
     lams = sorted(plane["lam"].unique())
@@ -289,7 +359,7 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str) -> plt.Figure:
                                facecolors="none", edgecolors=[colours[point.lam]], linewidths=1.6, zorder=2)
             ax.set_title(f"{order} order, r = {ratio:g}", fontsize=8)
             ax.set_xlabel("directive leakage" if row == len(orders) - 1 else "")
-        axes[row][0].set_ylabel("directive accuracy")
+        axes[row][0].set_ylabel(accuracy)
     handles = [plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=colours[lam],
                           markersize=np.sqrt(sizes[lam]), label=f"lambda = {lam:g}") for lam in lams]
     handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.3", label=policy) for policy, m in markers.items()]
@@ -329,6 +399,7 @@ def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     variant (means over spans and prompts, 95% bootstrap intervals)."""
     long = spans.melt(id_vars=["n_spans", "variant", "ratio"], value_vars=["keep_rate", "compliance"],
                       var_name="metric", value_name="value")
+    long["metric"] = long["metric"].map({"keep_rate": "keep rate", "compliance": "compliance"})
     grid = sns.relplot(
         data=long, x="ratio", y="value", hue="variant", col="n_spans", row="metric", kind="line", marker="o",
         errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, palette=palette("variant"),
@@ -344,11 +415,12 @@ def budget_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     """Absolute budget against ratio: each span's compliance against the tokens it keeps, one panel per variant,
     colour the span count (ratio-free: a span that keeps k tokens complies about as well whatever the prompt size?)."""
     compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: t["kept_tokens"].round(-1).clip(upper=60))
+    compressed = compressed.rename(columns={"n_spans": "spans in the prompt"})
     grid = sns.relplot(
-        data=compressed, x="kept", y="compliance", hue="n_spans", col="variant", kind="line", marker="o",
+        data=compressed, x="kept", y="compliance", hue="spans in the prompt", col="variant", kind="line", marker="o",
         errorbar=None, palette="viridis", height=2.8, aspect=1.2,
     )
-    grid.set_axis_labels("tokens kept in the span (rounded to 10, 60 = 60+)", "compliance")
+    grid.set_axis_labels("tokens kept in the span\n(rounded to 10, 60 = 60+)", "compliance")
     grid.set(ylim=(-0.05, 1.05))
     suptitle(grid.figure, title)
     return grid.figure

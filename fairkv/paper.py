@@ -4,8 +4,8 @@ Each function takes our rows and returns a table with one claim per row: the cla
 figures, approximate, Llama-3.1-8B unless noted; tables exact; arXiv 2510.00231), ours for the same quantity on our
 model and profile with its 95% interval, n (prompts, or timed rounds) and the verdict, ``holds`` / ``fails`` /
 ``inconclusive`` (``fairkv.verdicts``: differences between settings are paired over prompts). A claim is read at the
-ratio the paper quotes; rows without it are an error (``need_ratios``), never read at the nearest ratio. ``verdict``
-turns a table into the one sentence each notebook ends with.
+ratio the paper quotes; rows without it are an error (``need_ratios``), never read at the nearest ratio. ``closing``
+turns a table into the few sentences each notebook ends with.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 
 from scipy import stats
 
-from fairkv import analysis, verdicts
+from fairkv import analysis, atlas, verdicts
 from fairkv.fingerprint import code_fingerprint
 from fairkv.presses import get_policy
 from fairkv.runtime import summarise
@@ -47,15 +47,16 @@ def table1_beside(ours: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _claim(claim: str, paper: str, ours: str, verdict: str, n: int, magnitude: str = verdicts.NOT_APPLICABLE,
-           why: str = "") -> dict:
+def _claim(figure: str, claim: str, paper: str, ours: str, verdict: str, n: int,
+           magnitude: str = verdicts.NOT_APPLICABLE, why: str = "") -> dict:
     """One row of a paper-vs-us table: the claim, the paper's number, ours with its interval, n, the direction verdict
     (``verdict``: holds / fails / inconclusive), the magnitude verdict (matches / differs / n.a.,
-    ``verdicts.magnitude``) and, when the claim fails or its magnitude differs, ``why`` (the model, the profile's budget
-    or our code; empty otherwise)."""
+    ``verdicts.magnitude``), when the claim fails or its magnitude differs ``why`` (the model, the profile's budget
+    or our code; empty otherwise), and the figure that shows it: the paper's item (``Fig 4``, ``Table 1``:
+    ``fairkv.coverage.PAPER_ITEMS`` names our files for it) or, for a claim beyond the paper, our figure's name."""
     shown = why if verdict == verdicts.FAILS or magnitude == verdicts.DIFFERS else ""
     return {"claim": claim, "paper": paper, "ours": ours, "n": int(n), "verdict": verdict, "magnitude": magnitude,
-            "why": shown}
+            "why": shown, "figure": figure}
 
 
 OURS = "none: our claim, not the paper's"  # the paper column of a claim we add (SUMMARY.md counts it as ours)
@@ -116,26 +117,59 @@ def _positive_ratios(rows: pd.DataFrame, query: str | None = None) -> tuple[floa
     return tuple(sorted(r for r in set(rows["ratio"]) if r > 0))
 
 
-def _refusal_note(rows: pd.DataFrame, ratios, **match) -> str:
-    """Benign queries refused at each ratio, and a warning when they are a quarter or more (accuracy then measures
-    over-refusal as much as directive following)."""
-    if "benign_refused" not in rows:
-        return ""
-    shares = {r: verdicts.rate(_values(rows, "benign_refused", r, **match)) for r in ratios}
-    text = "; benign queries refused " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
-    if max(e.value for e in shares.values()) >= 0.25:
-        text += " (refusals dominate accuracy here)"
+CAP_DRIVES = 0.10  # a change this large in the share of answers cut at the token cap moves accuracy by itself
+
+
+def _accuracy_note(rows: pd.DataFrame, ratios, **match) -> str:
+    """What besides the directive moves accuracy at each of ``ratios`` (``analysis.with_benign_flags``): benign
+    queries refused by the defense, with a warning when they are a quarter or more (accuracy then measures
+    over-refusal as much as directive following), and answers cut at the new-token cap, with a warning when that share
+    changes by ``CAP_DRIVES`` or more between the ratios (a capped answer fails IFEval's length, ending and combination
+    checks, so part of the accuracy change is the cap)."""
+    text = ""
+    if "benign_refused" in rows:
+        shares = {r: verdicts.rate(_values(rows, "benign_refused", r, **match)) for r in ratios}
+        text += "; benign queries refused " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
+        if max(e.value for e in shares.values()) >= 0.25:
+            text += " (refusals dominate accuracy here)"
+    if "benign_capped" in rows:
+        shares = {r: verdicts.rate(_values(rows, "benign_capped", r, **match)) for r in ratios}
+        cap = int(_match(rows, "benign_capped", match)["max_new_tokens"].max())
+        text += f"; answers cut at the {cap}-token cap " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
+        values = [e.value for e in shares.values()]
+        if max(values) - min(values) >= CAP_DRIVES:
+            text += " (the cap drives part of the accuracy change)"
     return text
 
 
-def verdict(table: pd.DataFrame, model: str, profile: str, n: int | str) -> str:
-    """One sentence: how many of the notebook's claims hold, fail and are inconclusive, and which."""
-    counts = table["verdict"].value_counts()
-    parts = [f"{counts.get(v, 0)} {v}" for v in verdicts.VERDICTS]
-    named = "; ".join(f"{v}: " + "; ".join(table.loc[table["verdict"] == v, "claim"])
-                      for v in (verdicts.FAILS, verdicts.INCONCLUSIVE) if counts.get(v, 0))
-    return (f"On {model} ({profile} profile, n = {n} prompts), of {len(table)} claims {', '.join(parts)}"
-            + (f". {named}." if named else "."))
+def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: str = "") -> str:
+    """What we see: the few sentences (Markdown) each notebook ends with, generated from its claims at whatever
+    profile ran. The counts (direction and magnitude), then which claims hold, which fail (grouped by why), which are
+    inconclusive, and which differ from the paper's number (grouped by why, the paper's number beside ours); ``note``
+    comes first (e.g. synthetic data). At the ``ci`` profile it says that the run checks the pipeline, not the
+    science."""
+    said = [note] if note else []
+    counted = ", ".join(f"{int((table['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
+    sized = ", ".join(f"{int((table['magnitude'] == v).sum())} {v}" for v in verdicts.MAGNITUDES)
+    said.append(f"**What we see** on {model} ({profile} profile, n = {n} prompts): of {len(table)} claims, in "
+                f"direction {counted}; in magnitude {sized}")
+    if profile == "ci":
+        said.append("At the `ci` profile (SmolLM2-135M, a few prompts) this run checks the pipeline, not the science: "
+                    "the `cpu` profile's results are in `figures/cpu/` and its summary in `figures/cpu/SUMMARY.md`.")
+    holds = table[table["verdict"] == verdicts.HOLDS]
+    if len(holds):
+        said.append("Holds: " + "; ".join(holds["claim"]) + ".")
+    for opening, picked, shown in (
+            ("Fails", table[table["verdict"] == verdicts.FAILS], lambda row: row.claim),
+            ("Differs from the paper's number", table[table["magnitude"] == verdicts.DIFFERS],
+             lambda row: f"{row.claim} (paper {row.paper}; ours {row.ours.split('; ')[0]})")):
+        for why, group in picked.groupby("why", sort=False):
+            said.append(f"{opening}{f' ({why})' if why else ''}: " + "; ".join(map(shown, group.itertuples())) + ".")
+    inconclusive = table[table["verdict"] == verdicts.INCONCLUSIVE]
+    if len(inconclusive):
+        said.append("Inconclusive (the interval straddles the claim's bound): " + "; ".join(inconclusive["claim"])
+                    + ".")
+    return "\n\n".join(said)
 
 
 def _class_spread(frame: pd.DataFrame, top: float) -> float:
@@ -161,13 +195,14 @@ def pitfall1(rows: pd.DataFrame) -> pd.DataFrame:
     top = float(benign["ratio"].max())
     spread = verdicts.resampled(benign, lambda f: _class_spread(f, top))
     rho = verdicts.resampled(benign, _rho_gap)
-    refusals = _refusal_note(benign, (0.0, top), policy="streamingllm", variant="base", order="normal")
+    notes = _accuracy_note(benign, (0.0, top), policy="streamingllm", variant="base", order="normal")
     return pd.DataFrame([
-        _claim(f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
-               "larger for multi", f"multi - single {spread.signed()}{refusals}", verdicts.decide(spread, above=0),
+        _claim("Fig 2a",
+               f"spread of normalised class accuracy larger for multi- than single-instruction prompts (r = {top:g})",
+               "larger for multi", f"multi - single {spread.signed()}{notes}", verdicts.decide(spread, above=0),
                spread.n, why=FOLLOWS_LESS),
-        _claim("rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
-               f"single - multi {rho.signed()}{refusals}", verdicts.decide(rho, above=0), rho.n, why=FOLLOWS_LESS),
+        _claim("Fig 2b", "rho(r) lower for multi-instruction prompts (mean over r > 0)", "multi falls sooner and lower",
+               f"single - multi {rho.signed()}{notes}", verdicts.decide(rho, above=0), rho.n, why=FOLLOWS_LESS),
     ])
 
 
@@ -198,13 +233,15 @@ def pitfall2(rows: pd.DataFrame) -> pd.DataFrame:
     tova, tova_text = _best(benign, analysis.ACCURACY, "tova", True, variant="base", order="normal")
     knorm, knorm_text = _best(benign, analysis.ACCURACY, "knorm", False, variant="base", order="normal")
     rho = verdicts.resampled(benign, lambda f: _rho_lowest(f, "knorm"))
-    refusals = lambda policy: _refusal_note(benign, (0.0, PEAK), policy=policy, variant="base", order="normal")
+    notes = lambda policy: _accuracy_note(benign, (0.0, PEAK), policy=policy, variant="base", order="normal")
     return pd.DataFrame([
-        _claim("TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text + refusals("tova"), tova, n,
+        _claim("Fig 3",
+               "TOVA has the highest mean accuracy over r > 0", "TOVA best", tova_text + notes("tova"), tova, n,
                why=OTHER_MODEL),
-        _claim("K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text + refusals("knorm"), knorm,
+        _claim("Fig 3",
+               "K-Norm has the lowest mean accuracy over r > 0", "K-Norm worst", knorm_text + notes("knorm"), knorm,
                n, why=OTHER_MODEL),
-        _claim("K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
+        _claim("Fig 3", "K-Norm's rho is the lowest (mean over r > 0)", "near 0 or negative on Qwen",
                f"next lowest minus K-Norm {rho.signed()}", verdicts.decide(rho, above=0), rho.n, why=OTHER_MODEL),
     ])
 
@@ -263,28 +300,33 @@ def pitfalls3_4(rows: pd.DataFrame) -> pd.DataFrame:
     d_verdict, d_text, d_peak = _inverted_u(rows, "leak_defense", PEAK, **normal)
     lower, lower_v = _compared(_values(rows, "leak_directive", PEAK, **normal), _values(rows, "leak_defense", PEAK, **normal))
     return pd.DataFrame([
-        _claim(f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, less at r = {PEAK:g}",
+        _claim("Fig 4",
+               f"StreamingLLM drops the defense at moderate r: the attack is refused at r = 0, less at r = {PEAK:g}",
                "defense dropped at r ~0.4-0.6 (leakage up)",
                f"refusal {verdicts.mean(refused[0.0])} -> {verdicts.mean(refused[PEAK])}, drop {drop.signed()}", drop_v, n),
-        _claim(f"StreamingLLM directive leakage is an inverted U in r (higher at r = {PEAK:g} than at r = 0 and at the "
+        _claim("Fig 4",
+               f"StreamingLLM directive leakage is an inverted U in r (higher at r = {PEAK:g} than at r = 0 and at the "
                "largest ratio)", "~0.5-0.55 at r = 0.4-0.6", u_text, u_verdict, n,
                verdicts.magnitude(u_peak, (0.50, 0.55), "leakage"), ECHO),
-        _claim(f"the directive is still followed at the leakage peak (accuracy at r = {PEAK:g} >= 75% of r = 0, over "
+        _claim("Fig 4",
+               f"the directive is still followed at the leakage peak (accuracy at r = {PEAK:g} >= 75% of r = 0, over "
                "answers that are not refusals)", "accuracy ~75-80% at the peak",
                f"{verdicts.mean(followed[PEAK])} vs {verdicts.mean(followed[0.0])} at r = 0{over}; accuracy - 0.75 x "
                f"accuracy(0) {kept.signed()}; over every prompt {verdicts.mean(accuracy[PEAK])} at r = {PEAK:g}"
-               + _refusal_note(rows, (0.0, PEAK), **normal), kept_v, kept.n,
+               + _accuracy_note(rows, (0.0, PEAK), **normal), kept_v, kept.n,
                verdicts.magnitude(verdicts.mean(accuracy[PEAK]), (0.75, 0.80), "accuracy"), FOLLOWS_LESS),
-        _claim(f"leakage at r = {PEAK:g}: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
+        _claim("Fig 4",
+               f"leakage at r = {PEAK:g}: StreamingLLM > SnapKV > H2O > K-Norm", "~0.55 > ~0.40 > ~0.35 > ~0.20",
                ", ".join(f"{_label(p)} {verdicts.mean(v)}" for p, v in peaks.items()) + "; steps "
                + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n,
                verdicts.all_magnitudes([verdicts.magnitude(verdicts.mean(v), paper_peaks[p], "leakage")
                                         for p, v in peaks.items()]), ECHO),
-        _claim(f"flipped order: StreamingLLM directive accuracy falls faster (r = {PEAK:g})", "~40-50% flipped at r = 0.5",
+        _claim("Fig 5",
+               f"flipped order: StreamingLLM directive accuracy falls faster (r = {PEAK:g})", "~40-50% flipped at r = 0.5",
                f"normal {verdicts.mean(accuracy[PEAK])}, flipped {verdicts.mean(flipped)}, normal - flipped "
                f"{faster.signed()}", faster_v, faster.n, verdicts.magnitude(verdicts.mean(flipped), (0.40, 0.50),
                                                                            "accuracy"), FOLLOWS_LESS),
-        _claim("defense leakage has the same inverted-U shape, lower than directive leakage at the peak",
+        _claim("Fig 6", "defense leakage has the same inverted-U shape, lower than directive leakage at the peak",
                "peaks ~0.25-0.35", f"defense: {d_text}; directive - defense at r = {PEAK:g} {lower.signed()}",
                verdicts.all_of([d_verdict, lower_v]), n, verdicts.magnitude(d_peak, (0.25, 0.35), "leakage"), ECHO),
     ])
@@ -308,14 +350,15 @@ def pitfall5(rows: pd.DataFrame) -> pd.DataFrame:
     knorm_f, knorm_f_text, _ = gap("knorm", "flipped", "directive", "defense")
     tova, tova_text, _ = gap("tova", "normal", "defense", "directive", above=-0.02)
     return pd.DataFrame([
-        _claim(f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {PEAK:g}",
+        _claim("Fig 7", f"StreamingLLM keeps the later span (directive) over the defense, normal order, r = {PEAK:g}",
                "directive ~0.90-0.95, defense ~0.40-0.50", kept_text, kept, n, verdicts.all_magnitudes(
                    [verdicts.magnitude(directive, (0.90, 0.95), "keep"), verdicts.magnitude(defense, (0.40, 0.50), "keep")]),
                "model: this prompt's spans have other token lengths under this model's tokenizer"),
-        _claim("the bias reverses when the order flips (StreamingLLM)", "reverses", flips_text, flips, n, why=FAVOURS),
-        _claim("K-Norm favours the earlier span in both orders", "earlier tokens favoured",
+        _claim("Fig 7",
+               "the bias reverses when the order flips (StreamingLLM)", "reverses", flips_text, flips, n, why=FAVOURS),
+        _claim("Fig 7", "K-Norm favours the earlier span in both orders", "earlier tokens favoured",
                f"normal: {knorm_n_text}; flipped: {knorm_f_text}", verdicts.all_of([knorm_n, knorm_f]), n, why=FAVOURS),
-        _claim("TOVA keeps the defense at least as well as the directive though it comes first (within 0.02)",
+        _claim("Fig 7", "TOVA keeps the defense at least as well as the directive though it comes first (within 0.02)",
                "defense kept even when first", tova_text, tova, n, why=FAVOURS),
     ])
 
@@ -340,24 +383,26 @@ def whitelisting(rows: pd.DataFrame) -> pd.DataFrame:
     for policy, paper, change in (("streamingllm", "0.5 -> 0.10-0.15 at r = 0.6", (-0.40, -0.35)),
                                   ("snapkv", "0.35 -> 0.05 at r = 0.6", -0.30)):
         verdict_, text, estimate = _before_after(rows, "whitelist", policy, WHITELIST_RATIO)
-        out.append(_claim(f"whitelist lowers {_label(policy)} directive leakage (r = {WHITELIST_RATIO:g})", paper, text,
+        out.append(_claim("Fig 8",
+                          f"whitelist lowers {_label(policy)} directive leakage (r = {WHITELIST_RATIO:g})", paper, text,
                           verdict_, n, verdicts.magnitude(estimate, change, "difference"), ECHO))
     top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
     verdict_, text, _ = _before_after(rows, "whitelist", "streamingllm", top, metric="refused", lower=False)
-    out.append(_claim(f"with the whitelist StreamingLLM keeps refusing the attack (r = {top:g})",
+    out.append(_claim("Fig 8", f"with the whitelist StreamingLLM keeps refusing the attack (r = {top:g})",
                       "leakage 0.5 -> 0.10-0.15", f"refusal rate {text}", verdict_, n))
     ratios = _positive_ratios(rows, "benign")
     change = verdicts.difference(
         _values(rows, analysis.ACCURACY, ratios, average=True, variant="whitelist", order="normal"),
         _values(rows, analysis.ACCURACY, ratios, average=True, variant="base", order="normal"))
-    out.append(_claim("directive accuracy about unchanged (mean change over policies and r > 0 within +-0.05)",
+    out.append(_claim("Fig 8", "directive accuracy about unchanged (mean change over policies and r > 0 within +-0.05)",
                       "about unchanged", f"change {change.signed()}", verdicts.decide(change, above=-0.05, below=0.05),
                       change.n, verdicts.magnitude(change, 0.0, "difference")))
     # Fig 13 left: the paper's "below 0.05" cannot fail where the base policy leaks no more than that; read as a change
     low = tuple(r for r in sorted(set(rows["ratio"])) if 0 < r < WHITELIST_RATIO)
     defense = {v: _values(rows, "leak_defense", low, average=True, variant=v, order="normal") for v in ("base", "whitelist")}
     change = verdicts.difference(defense["whitelist"], defense["base"])
-    out.append(_claim(f"the whitelist lowers defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})",
+    out.append(_claim("Fig 13",
+                      f"the whitelist lowers defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})",
                       "< 0.05 with the whitelist", f"base {verdicts.mean(defense['base'])} -> whitelist "
                       f"{verdicts.mean(defense['whitelist'])}, change {change.signed()}", verdicts.decide(change, below=0),
                       change.n, verdicts.magnitude(verdicts.mean(defense["whitelist"]), (0.0, 0.05), "leakage"),
@@ -391,14 +436,16 @@ def fair_eviction(rows: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
     for policy, paper, change in (("streamingllm", "0.55 -> 0.25 at r = 0.7", -0.30),
                                   ("snapkv", "0.40 -> 0.30 at r = 0.7", -0.10)):
         verdict_, text, estimate = _before_after(rows, "fair", policy, FAIR_RATIO)
-        out.append(_claim(f"fair eviction lowers {_label(policy)} directive leakage (r = {FAIR_RATIO:g})", paper, text,
+        out.append(_claim("Fig 9",
+                          f"fair eviction lowers {_label(policy)} directive leakage (r = {FAIR_RATIO:g})", paper, text,
                           verdict_, n, verdicts.magnitude(estimate, change, "difference"), ECHO))
     need_ratios(rows, TABLE1_RATIOS)
     scores = {(p, v): verdicts.mean(_composite(rows, p, v, TABLE1_RATIOS))
               for p in sorted(set(rows["policy"])) for v in ("whitelist", "fair") if v in set(rows["variant"])}
     parts = [verdicts.decide(e, above=0) for e in scores.values()]
     sizes = [verdicts.magnitude(e, TABLE1[key][0], "score") for key, e in scores.items() if key in TABLE1]
-    out.append(_claim("Table 1: every composite score is positive (r in 0.4-0.7)", "10 of 10 positive (Llama3)",
+    out.append(_claim("Table 1",
+                      "Table 1: every composite score is positive (r in 0.4-0.7)", "10 of 10 positive (Llama3)",
                       f"{sum(v == verdicts.HOLDS for v in parts)} of {len(parts)} above 0 with 95% confidence, "
                       f"{sum(v == verdicts.FAILS for v in parts)} at or below 0; lowest "
                       + ", ".join(f"{_label(p)} {v} {e.signed()}" for (p, v), e in
@@ -410,34 +457,48 @@ def fair_eviction(rows: pd.DataFrame, flipped: pd.DataFrame) -> pd.DataFrame:
     both = pd.concat([rows, flipped], ignore_index=True)
     need_ratios(flipped, (PEAK,))
     gap = verdicts.resampled(both[both["query"] == "benign"], lambda f: _order_gap(f, PEAK))  # the accuracy side's prompts
-    out.append(_claim(f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped|, r = {PEAK:g})",
+    out.append(_claim("Fig 14",
+                      "fair eviction shrinks the order effect on StreamingLLM accuracy (the gap between normal and "
+                      f"flipped, r = {PEAK:g})",
                       "order effects largely removed", f"gap base - gap fair {gap.signed()}",
                       verdicts.decide(gap, above=0), gap.n))
     return pd.DataFrame(out)
 
 
-def _pareto_gap(frame: pd.DataFrame, policy: str, order: str, rule: str) -> float:
+def _pareto_gap(frame: pd.DataFrame, policy: str, order: str, rule: str, accuracy: str) -> float:
     """Share of ratios where lambda = 1 is Pareto-optimal minus lambda = 0's."""
-    frequency = analysis.pareto_frequency(frame, rule).set_index(["policy", "order", "lam"])["frequency"]
+    frequency = analysis.pareto_frequency(frame, rule, accuracy).set_index(["policy", "order", "lam"])["frequency"]
     return float(frequency.get((policy, order, 1.0), np.nan) - frequency.get((policy, order, 0.0), np.nan))
 
 
-def debiasing(rows: pd.DataFrame) -> pd.DataFrame:
+# the paper's Pareto frequencies (Appendix H) per table and policy: its words and lambda 1's lead over lambda 0
+PARETO_PAPER = {
+    ("Table 3", "streamingllm"): ("lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)", 0.30),
+    ("Table 4", "snapkv"): ("lambda=1 40%, lambda=0 10% (SnapKV and TOVA, LongBench TREC)", 0.30),
+    ("Table 4", "tova"): ("lambda=1 40%, lambda=0 10% (SnapKV and TOVA, LongBench TREC)", 0.30),
+}
+
+
+def debiasing(rows: pd.DataFrame, accuracy: str = analysis.ACCURACY, table: str = "Table 3") -> pd.DataFrame:
     """Tables 3-4: lambda = 1 is Pareto-optimal more often than lambda = 0 (the paper: 75% against 45% for
-    StreamingLLM). Under both dominance rules (``analysis.pareto_frequency``): "strict", the paper's words (another
-    lambda has both lower leakage and higher accuracy), where ties make every lambda optimal, and "weak"."""
+    StreamingLLM on IFEval, Table 3; 40% against 10% for SnapKV and TOVA on LongBench TREC, Table 4, where
+    ``accuracy`` is ``trec_score``). Under both dominance rules (``analysis.pareto_frequency``): "strict", the paper's
+    words (another lambda has both lower leakage and higher accuracy), where ties make every lambda optimal, and
+    "weak"."""
     out = []
     for rule in analysis.PARETO_RULES:
-        frequency = analysis.pareto_frequency(rows, rule)
+        frequency = analysis.pareto_frequency(rows, rule, accuracy)
         for (policy, order), frame in frequency.groupby(["policy", "order"]):
             shown = ", ".join(f"lambda={lam:g}: {v:.0%}" for lam, v in frame.set_index("lam")["frequency"].items())
-            gap = verdicts.resampled(rows, lambda f: _pareto_gap(f, policy, order, rule))
-            paper = "lambda=1 75%, lambda=0 45% (StreamingLLM, IFEval)" if policy == "streamingllm" else "lambda=1 most often"
-            out.append(_claim(f"{_label(policy)}, {order} order, {rule} dominance: lambda = 1 Pareto-optimal more often "
-                              "than lambda = 0", paper, f"{shown}; lambda 1 - lambda 0 {gap.signed()}",
-                              verdicts.decide(gap, above=0), gap.n,
-                              verdicts.magnitude(gap, 0.30 if policy == "streamingllm" else None, "share"),
-                              "budget: fewer ratios than the paper's ten, r = 0 among them (every lambda ties there)"))
+            over = int(frame["ratios"].max())
+            gap = verdicts.resampled(rows, lambda f: _pareto_gap(f, policy, order, rule, accuracy))
+            paper, lead = PARETO_PAPER.get((table, policy), ("lambda=1 most often", None))
+            out.append(_claim(table, f"{_label(policy)}, {order} order, {rule} dominance: lambda = 1 Pareto-optimal "
+                              "more often than lambda = 0 (over r > 0)", paper,
+                              f"{shown} of {over} ratios > 0; lambda 1 - lambda 0 {gap.signed()}",
+                              verdicts.decide(gap, above=0), gap.n, verdicts.magnitude(gap, lead, "share"),
+                              f"budget: {over} ratios above 0 against the paper's nine (its ten include r = 0, where "
+                              "every lambda ties)"))
     return pd.DataFrame(out)
 
 
@@ -460,12 +521,14 @@ def runtime(timings: pd.DataFrame, policy: str = "h2o") -> pd.DataFrame:
                                                     for v in ("whitelist", "fair")), by="round")
     scores_once = "code: every variant selects from the scores the base policy computed once (no second pass)"
     return pd.DataFrame([
-        _claim(f"{_label(policy)} + fair costs more to compress than the base", "x1.08 (0.065 vs 0.06 s)", f"x{fair}",
+        _claim("Figs 23-24",
+               f"{_label(policy)} + fair costs more to compress than the base", "x1.08 (0.065 vs 0.06 s)", f"x{fair}",
                verdicts.decide(fair, above=1.0), fair.n, verdicts.magnitude(fair, 1.08, "cost"), scores_once),
-        _claim(f"{_label(policy)} + whitelist costs more to compress than the base", "x1.33 (0.08 vs 0.06 s)",
+        _claim("Figs 23-24",
+               f"{_label(policy)} + whitelist costs more to compress than the base", "x1.33 (0.08 vs 0.06 s)",
                f"x{white}", verdicts.decide(white, above=1.0), white.n, verdicts.magnitude(white, 1.33, "cost"),
                scores_once),
-        _claim("decoding costs the same with every variant (within 7%)", "within 7% (about 0.030 s)",
+        _claim("Figs 23-24", "decoding costs the same with every variant (within 7%)", "within 7% (about 0.030 s)",
                f"largest difference {drift}", verdicts.decide(drift, below=0.07), drift.n),
     ])
 
@@ -498,7 +561,7 @@ def judge(rows: pd.DataFrame, policy: str = "streamingllm", calibration: pd.Data
     decided = lambda verdict_: verdict_ if trusted else verdicts.INCONCLUSIVE
     base = {r: _values(judged, "judge_leak", r, policy=policy, variant="base") for r in (0.0, PEAK)}
     rise, rise_v = _compared(base[PEAK], base[0.0])
-    out = [_claim(f"{_label(policy)} leak rate (judge) rises under compression (r = {PEAK:g} vs 0)",
+    out = [_claim("Figs 25-26", f"{_label(policy)} leak rate (judge) rises under compression (r = {PEAK:g} vs 0)",
                   "0.7-0.8 at r = 0.5-0.6", f"{verdicts.mean(base[0.0])} -> {verdicts.mean(base[PEAK])}, rise "
                   f"{rise.signed()}{caveat}", decided(rise_v), n, verdicts.magnitude(verdicts.mean(base[PEAK]), (0.7, 0.8), "rate"),
                   f"{ECHO}; {JUDGE}")]
@@ -506,12 +569,14 @@ def judge(rows: pd.DataFrame, policy: str = "streamingllm", calibration: pd.Data
         if variant in set(judged["variant"]):
             after = _values(judged, "judge_leak", PEAK, policy=policy, variant=variant)
             drop, drop_v = _compared(base[PEAK], after)
-            out.append(_claim(f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {PEAK:g})", paper,
+            out.append(_claim("Figs 25-26",
+                              f"{variant} lowers {_label(policy)}'s leak rate (judge, r = {PEAK:g})", paper,
                               f"{verdicts.mean(base[PEAK])} -> {verdicts.mean(after)}, drop {drop.signed()}{caveat}",
                               decided(drop_v), n,
                               verdicts.magnitude(verdicts.mean(after), value, "rate"), JUDGE))
     rho = verdicts.resampled(judged.dropna(subset=["judge_expected", analysis.LEAKAGE]), _rank_agreement)
-    out.append(_claim("the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", OURS,
+    out.append(_claim("Figs 25-26",
+                      "the judge ranks responses like ROUGE-L (Spearman rho over all responses > 0.5)", OURS,
                       f"rho {rho}{caveat}", decided(verdicts.decide(rho, above=0.5)), rho.n, why=JUDGE))
     return pd.DataFrame(out)
 
@@ -534,19 +599,23 @@ def trec(rows: pd.DataFrame, policy: str = "streamingllm") -> pd.DataFrame:
         n = frame["key"].nunique()
         at = {r: _values(frame, analysis.LEAKAGE, r, policy=policy, variant="base") for r in (0.0, PEAK)}
         rise, rise_v = _compared(at[PEAK], at[0.0])
-        out.append(_claim(f"1-2k words: {_label(policy)} leakage rises under compression (r = {PEAK:g} vs 0)",
+        out.append(_claim("Figs 19-22",
+                          f"1-2k words: {_label(policy)} leakage rises under compression (r = {PEAK:g} vs 0)",
                           "like IFEval (inverted U)", f"{verdicts.mean(at[0.0])} -> {verdicts.mean(at[PEAK])}, rise "
                           f"{rise.signed()}", rise_v, n))
         verdict_, text, _ = _before_after(frame.assign(order="normal"), "fair", policy, PEAK)
-        out.append(_claim(f"1-2k words: fair eviction lowers leakage (r = {PEAK:g})", "lower than base", text, verdict_, n))
+        out.append(_claim("Figs 19-22",
+                          f"1-2k words: fair eviction lowers leakage (r = {PEAK:g})", "lower than base", text, verdict_, n))
     if "3k" in buckets:
         frame = rows[rows["bucket"] == "3k"]
         refused = verdicts.rate(_values(frame, "refused", 0.0, policy=policy, variant="base"))
-        out.append(_claim("3-4k words: the defense is weak even uncompressed (refusal rate at r = 0 < 0.5)",
+        out.append(_claim("Figs 19-22",
+                          "3-4k words: the defense is weak even uncompressed (refusal rate at r = 0 < 0.5)",
                           "defense too weak", f"{refused}", verdicts.decide(refused, below=0.5), refused.n))
     if {"1k", "2k"} <= buckets:
         gap = verdicts.resampled(rows[rows["bucket"].isin(["1k", "2k"])], lambda f: _peak_gap(f, policy))
-        out.append(_claim("2-3k words: weaker leakage than 1-2k (peak over r)", "weaker", f"1k - 2k {gap.signed()}",
+        out.append(_claim("Figs 19-22",
+                          "2-3k words: weaker leakage than 1-2k (peak over r)", "weaker", f"1k - 2k {gap.signed()}",
                           verdicts.decide(gap, above=0), gap.n))
     return pd.DataFrame(out)
 
@@ -589,11 +658,13 @@ def beyond(spans: pd.DataFrame, attacks: pd.DataFrame, defenses: pd.DataFrame, l
         keeps[count] = _compared(get("min_keep", "fair", top), get("min_keep", "base", top), above=-0.005)
         ratios = _positive_ratios(frame)
         gains[count] = _compared(get("compliance", "fair", ratios), get("compliance", "base", ratios))
-    out.append(_claim(f"N spans: fair eviction keeps the smallest span at least as well as {_label(policy)} at every N "
+    out.append(_claim("11_spans",
+                      f"N spans: fair eviction keeps the smallest span at least as well as {_label(policy)} at every N "
                       f"(r = {top:g}, within 0.005)", "equal keep rate per span (Sec 5.2, two spans)",
                       ", ".join(f"N={k}: {e.signed()}" for k, (e, _) in keeps.items()),
                       verdicts.all_of([v for _, v in keeps.values()]), n))
-    out.append(_claim(f"N spans: fair eviction raises per-span compliance at every N (mean over r > 0, {_label(policy)})",
+    out.append(_claim("11_spans",
+                      f"N spans: fair eviction raises per-span compliance at every N (mean over r > 0, {_label(policy)})",
                       "open: does it stop helping once every span starves?",
                       ", ".join(f"N={k}: {e.signed()}" for k, (e, _) in gains.items()),
                       verdicts.all_of([v for _, v in gains.values()]), n))
@@ -601,7 +672,8 @@ def beyond(spans: pd.DataFrame, attacks: pd.DataFrame, defenses: pd.DataFrame, l
     r = float(attacked["ratio"].max())
     n = attacked["key"].nunique()
     rising = verdicts.resampled(attacked, lambda f: _rising_categories(f, r))
-    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} raises leakage in most attack categories",
+    out.append(_claim("11_attacks_leakage",
+                      f"many attacks: {_label(policy)} at r = {r:g} raises leakage in most attack categories",
                       "leakage rises with r (Pitfall 3, Plain attack only)",
                       f"share of categories rising - 1/2 {rising.signed()}", verdicts.decide(rising, above=0), rising.n))
 
@@ -609,32 +681,73 @@ def beyond(spans: pd.DataFrame, attacks: pd.DataFrame, defenses: pd.DataFrame, l
         return _values(attacked, metric, ratio, average=True, variant=variant)
 
     drop = _compared(over("refused", "base", 0.0), over("refused", "base", r))
-    out.append(_claim(f"many attacks: {_label(policy)} at r = {r:g} drops the refusal (mean over attacks)",
+    out.append(_claim("11_attacks_refusal",
+                      f"many attacks: {_label(policy)} at r = {r:g} drops the refusal (mean over attacks)",
                       "the defense is dropped first (Pitfall 4, Plain attack only)", f"drop {drop[0].signed()}",
                       drop[1], n))
     for variant, paper in (("whitelist", "lower than base (Fig 8, Plain attack)"),
                            ("fair", "lower than base (Fig 9, Plain attack)")):
         if variant in set(attacked["variant"]):
             lower = _compared(over(analysis.LEAKAGE, "base", r), over(analysis.LEAKAGE, variant, r))
-            out.append(_claim(f"many attacks: {variant} lowers mean leakage over attacks (r = {r:g})", paper,
+            out.append(_claim("11_attacks_leakage",
+                              f"many attacks: {variant} lowers mean leakage over attacks (r = {r:g})", paper,
                               f"base - {variant} {lower[0].signed()}", lower[1], n))
     if "whitelist" in set(attacked["variant"]):
         kept = _compared(over("refused", "whitelist", r), over("refused", "base", r))
-        out.append(_claim(f"many attacks: the whitelist keeps the refusal (mean over attacks, r = {r:g})",
+        out.append(_claim("11_attacks_refusal",
+                          f"many attacks: the whitelist keeps the refusal (mean over attacks, r = {r:g})",
                           "restored (Fig 8, Plain attack)", f"whitelist - base {kept[0].signed()}", kept[1], n))
 
     n = defenses["key"].nunique()
     base = defenses[(defenses["variant"] == "base") & (defenses["policy"] == policy)]
     refusal = {t: _values(base, "refused", 0.0, template=t) for t in ladder}
     steps = [_compared(refusal[b], refusal[a]) for a, b in zip(ladder, ladder[1:])]
-    out.append(_claim("defense strength: each stronger template refuses more often uncompressed (weak to strong)",
+    out.append(_claim("11_defense_strength",
+                      "defense strength: each stronger template refuses more often uncompressed (weak to strong)",
                       "one template only", ", ".join(f"{t}: {verdicts.mean(v)}" for t, v in refusal.items())
                       + "; steps " + ", ".join(e.signed() for e, _ in steps), verdicts.all_of([v for _, v in steps]), n))
     never = float(base["ratio"].max()) + 0.1
     moved = verdicts.resampled(base, lambda f: _critical_steps(f, ladder, never))
-    out.append(_claim("defense strength: a stronger template moves the critical ratio (refusal halves) up",
+    out.append(_claim("11_defense_strength",
+                      "defense strength: a stronger template moves the critical ratio (refusal halves) up",
                       "open", f"smallest step up the ladder {moved.signed()} (never halving counts as r = {never:g})",
                       verdicts.decide(moved, above=0), moved.n))
+    return pd.DataFrame(out)
+
+
+# the pattern the paper states for a press (Section 4.5, Fig 7), by label; the atlas (notebook 12) describes every
+# other press's pattern (``atlas.pattern``) and makes no claim about it
+STATED_PATTERNS = {
+    "StreamingLLM": (atlas.LATER, "the later span kept (directive ~0.90-0.95, defense ~0.40-0.50), reversed when "
+                                   "flipped"),
+    "K-Norm": (atlas.EARLIER, "favours earlier tokens"),
+    "TOVA": (atlas.BALANCED, "balanced"),
+}
+
+
+def press_atlas(table: pd.DataFrame, attack_rows: pd.DataFrame | None = None, ratio: float = atlas.BIAS_RATIO,
+                stated: dict | None = None) -> pd.DataFrame:
+    """Notebook 12's claims. Per press whose pattern the paper states (``stated``, default ``STATED_PATTERNS``:
+    StreamingLLM the later span, K-Norm the earlier, TOVA balanced): its pattern over both orders (``atlas.pattern``
+    on the bias ``table``) is the stated one (holds), another (fails) or undecided (inconclusive). Every other press's
+    pattern is described in the patterns table, not judged against a pattern the paper never gave it. Per attacked
+    press, the refusal lost under compression and restored by the whitelist (``atlas.paper_vs_us`` on the attack
+    rows alone)."""
+    stated = STATED_PATTERNS if stated is None else stated
+    patterns = atlas.pattern(table).set_index("press")
+    out = []
+    for press, (expected, words) in stated.items():
+        if press not in patterns.index:
+            continue
+        found = patterns.loc[press]
+        verdict_ = (verdicts.HOLDS if found["pattern"] == expected else verdicts.INCONCLUSIVE
+                    if found["pattern"] == verdicts.INCONCLUSIVE else verdicts.FAILS)
+        out.append(_claim("12_atlas_bias", f"{press}: {expected}, both orders (r = {ratio:g})", f"{words} (Fig 7)",
+                          f"bias normal {found['bias normal']}, flipped {found['bias flipped']}: {found['pattern']}",
+                          verdict_, int(table.loc[table["press"] == press, "n"].min()), why=FAVOURS))
+    attacked = pd.DataFrame() if attack_rows is None else atlas.paper_vs_us(table.iloc[:0], attack_rows, ratio)
+    for row in attacked.itertuples():
+        out.append(_claim("12_atlas_attacks", row.claim, row.paper, row.ours, row.verdict, row.n))
     return pd.DataFrame(out)
 
 
@@ -667,7 +780,10 @@ def write_summary(folder: Path, title: str) -> Path:
              "inconclusive (it straddles). Magnitude: the paper's number matches ours when it lies inside our interval "
              f"widened by a tolerance per kind of quantity ({tolerances}; `fairkv.verdicts.TOLERANCE`), differs "
              "otherwise, n.a. when the paper gives no number; `why` names what makes a claim fail or its magnitude "
-             "differ (the model, the profile's budget or our code). The paper's claims come first, with their own "
+             "differ (the model, the profile's budget or our code); `figure` the paper's figure or table that shows it "
+             "(ours: `fairkv.coverage`) or, beyond the paper, our figure. Accuracy claims carry the share of benign "
+             "queries refused and of answers cut at the token cap beside them. The paper's claims come first, with "
+             "their own "
              "counts; ours (the notebooks that go beyond the paper, and claims the paper does not make) are counted "
              f"apart. Rows computed by fairkv's result code {code_fingerprint()} (``fairkv.fingerprint``).\n"]
     for heading, mine in (("The paper's claims", False), ("Beyond the paper: our own claims", True)):

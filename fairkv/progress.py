@@ -1,7 +1,7 @@
 """Progress of long loops, in the notebook and in the terminal that runs it.
 
-``Bar`` is a tqdm bar (shown in the notebook or the terminal that runs the loop) that also writes its state (what,
-done, total, elapsed, ETA) to the file named by ``FAIRKV_PROGRESS_FILE`` when that is set. ``fairkv reproduce`` sets
+``Bar`` is a tqdm bar (shown in the notebook or the terminal that runs the loop) that writes its state (what, done,
+total, elapsed, ETA) to the file named by ``FAIRKV_PROGRESS_FILE`` instead when that is set. ``fairkv reproduce`` sets
 it for the kernel papermill starts and shows the state in its own terminal (``Monitor``): papermill alone shows only
 which cell runs, and one cell of a sweep can run for an hour.
 
@@ -45,11 +45,13 @@ def note(text: str) -> None:
 
 
 class Bar(tqdm):
-    """A tqdm bar that also reports to ``FAIRKV_PROGRESS_FILE``; advance it with ``update`` (also when disabled)."""
+    """A tqdm bar that reports to ``FAIRKV_PROGRESS_FILE`` instead when that is set (a terminal shows the progress,
+    and the saved notebook keeps no bar); advance it with ``update`` (also when disabled)."""
 
     def __init__(self, total: int, desc: str, initial: int = 0, disable: bool = False, **kwargs):
-        super().__init__(total=total, desc=desc, initial=initial, disable=disable, **kwargs)
-        self._sink = os.environ.get(PROGRESS_SETTING)
+        sink = os.environ.get(PROGRESS_SETTING)
+        super().__init__(total=total, desc=desc, initial=initial, disable=disable or bool(sink), **kwargs)
+        self._sink = sink
         self._what, self._total, self._done, self._first = desc, total, initial, initial
         self._started = time.monotonic()
         self._reported = 0.0

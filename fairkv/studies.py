@@ -50,10 +50,14 @@ STUDIES: dict[str, Study] = {
     "whitelist": Study("05", "Whitelisting: Figs 8, 13 (left)", dict(variants=("base", "whitelist"))),
     "fair": Study("06", "Fair eviction: Figs 9, 13 (right), Table 1", dict(variants=("base", "whitelist", "fair"))),
     "fair_flipped": Study("06", "Fair eviction, flipped order: Fig 14", dict(orders=("flipped",), variants=("base", "fair"))),
-    "debias": Study("07", "Debiasing: Figs 15-18, Tables 3-4", dict(variants=("fair",), lams=LAMBDAS)),
+    "debias": Study("07", "Debiasing: Figs 15-16, Table 3", dict(variants=("fair",), lams=LAMBDAS)),
     # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.longbench); LongBench
     # generates at most 64 tokens for TREC
     "trec": Study("08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)),
+    # Appendices G-H on LongBench TREC (the first bucket): SnapKV and TOVA, lambda 0-1
+    "trec_debias": Study("08", "LongBench TREC debiasing: Figs 17-18, Table 4",
+                         dict(dataset="trec_1k", variants=("fair",), lams=LAMBDAS, policies=("snapkv", "tova"),
+                              benign_tokens=64)),
     # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.multispan); compliance needs the benign query only
     "spans": Study("11", "beyond the paper: N instruction spans", dict(dataset="spans_2", variants=("base", "fair"),
                                                                     queries=("benign",))),
@@ -94,6 +98,8 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
         "fair_flipped": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
+        "trec_debias": dict(n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0),
+                            benign_tokens=16),
         # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points, short answers: the attack study's
         # cost is its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one
         # has 412 tokens), so 8 at a time
@@ -119,6 +125,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "debias": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
         # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies, 50 prompts
         "trec": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
+        "trec_debias": dict(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
         # notebook 11: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per attack category,
         # 50 per defense template
         "spans": dict(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
@@ -139,6 +146,7 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair_flipped": dict(n_prompts=100),
         "debias": dict(n_prompts=100),
         "trec": dict(n_prompts=None, ratios=TEN_RATIOS),
+        "trec_debias": dict(n_prompts=None, ratios=TEN_RATIOS),
         "spans": dict(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
         "attacks": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         "defenses": dict(n_prompts=100, ratios=TEN_RATIOS),

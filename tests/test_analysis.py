@@ -40,11 +40,12 @@ def test_composite_and_table1_by_hand():
 
 
 def test_pareto_frequency_by_hand():
-    """Three lambdas at two ratios. r = 0: all equal, all optimal under both rules. r = 0.5: lambda 0 (acc 0.5,
+    """Three lambdas at three ratios. r = 0: all equal, left out (every lambda ties there). r = 0.5: lambda 0 (acc 0.5,
     leak 0.5) is dominated by lambda 1 (acc 0.6, leak 0.2); lambda 0.5 (acc 0.7, leak 0.4) is not. r = 0.7: a tie
     on accuracy (0.6) where lambda 1 leaks less (0.1 vs 0.3) and lambda 0.5 is worse on both: "strict" (another
     lambda better on both axes) leaves lambda 0 optimal, "weak" (no worse on both, better on one) does not.
-    strict: 0 -> 2/3, 0.5 -> 2/3, 1 -> 1; weak: 0 -> 1/3, 0.5 -> 2/3, 1 -> 1."""
+    strict: 0 -> 1/2, 0.5 -> 1/2, 1 -> 1; weak: 0 -> 0, 0.5 -> 1/2, 1 -> 1 (with r = 0 counted: 2/3, 2/3, 1 and 1/3,
+    2/3, 1)."""
     points = {(0.0, 0.0): (0.5, 0.1), (0.5, 0.0): (0.5, 0.1), (1.0, 0.0): (0.5, 0.1),
               (0.0, 0.5): (0.5, 0.5), (0.5, 0.5): (0.7, 0.4), (1.0, 0.5): (0.6, 0.2),
               (0.0, 0.7): (0.6, 0.3), (0.5, 0.7): (0.5, 0.4), (1.0, 0.7): (0.6, 0.1)}
@@ -54,8 +55,16 @@ def test_pareto_frequency_by_hand():
         rows.append(_row(variant="fair", lam=lam, ratio=ratio, query="attack", leak_directive=leak))
     frequency = {rule: analysis.pareto_frequency(pd.DataFrame(rows), rule).set_index("lam")["frequency"].to_dict()
                  for rule in analysis.PARETO_RULES}
-    assert frequency["strict"] == pytest.approx({0.0: 2 / 3, 0.5: 2 / 3, 1.0: 1.0})
-    assert frequency["weak"] == pytest.approx({0.0: 1 / 3, 0.5: 2 / 3, 1.0: 1.0})
+    assert frequency["strict"] == pytest.approx({0.0: 1 / 2, 0.5: 1 / 2, 1.0: 1.0})
+    assert frequency["weak"] == pytest.approx({0.0: 0.0, 0.5: 1 / 2, 1.0: 1.0})
+    trec = pd.DataFrame(rows).rename(columns={"prompt_strict": "trec_score"})  # Table 4: LongBench TREC's accuracy
+    assert analysis.pareto_frequency(trec, "strict", "trec_score").set_index("lam")["frequency"].to_dict() == \
+        pytest.approx(frequency["strict"])
+    from fairkv import paper
+
+    claims = paper.debiasing(trec.assign(policy="snapkv"), "trec_score", "Table 4")
+    assert set(claims["figure"]) == {"Table 4"} and claims["paper"].str.startswith("lambda=1 40%, lambda=0 10%").all()
+    assert claims["ours"].iloc[0].startswith("lambda=0: 50%, lambda=0.5: 50%, lambda=1: 100% of 2 ratios > 0")
     with pytest.raises(analysis.AnalysisError, match="unknown dominance rule"):
         analysis.pareto_frequency(pd.DataFrame(rows), "pareto")
 
@@ -76,6 +85,15 @@ def test_class_accuracy_normalised_and_spearman():
     assert set(accuracy["prompts"]) == {"multi"}
     rho = analysis.spearman(analysis.class_accuracy(rows)).set_index("ratio")["rho"]
     assert rho[0.0] == pytest.approx(1.0) and rho[0.5] == pytest.approx(-1.0)
+    # the raw accuracy's Wilson band: 1 of 2 instructions followed
+    assert (accuracy.loc[("length_constraints", 0.0), "low"], accuracy.loc[("length_constraints", 0.0), "high"]) == \
+        pytest.approx((0.0945, 0.9055), abs=1e-3)
+    # rho's band resamples prompts: one prompt reversed and one kept in order give rho -1 or 1 in every draw that
+    # holds one of them alone, and the point in between when both are drawn
+    kept = rows.assign(key=2, strict_list=[list(rows["strict_list"].iloc[0])] * 2)
+    bands = analysis.spearman_intervals(pd.concat([rows, kept], ignore_index=True), n_boot=100).set_index("ratio")
+    assert bands.loc[0.5, "low"] == pytest.approx(-1.0) and bands.loc[0.5, "high"] == pytest.approx(1.0)
+    assert math.isnan(bands.loc[0.5, "rho"])  # both prompts together: every class at 0.5, a constant ranking
 
 
 def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
@@ -128,6 +146,8 @@ GRIDS = {
     ("trec", "ci"): dict(dataset='trec_1k', n=1, orders=('normal',), policies=('streamingllm', 'snapkv'),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
         queries=('benign', 'attack'), tokens=(32, 16)),
+    ("trec_debias", "ci"): dict(dataset='trec_1k', n=1, orders=('normal',), policies=('snapkv',), variants=('fair',),
+        lams=(0.0, 0.5, 1.0), ratios=(0.0, 0.5, 0.7), queries=('benign', 'attack'), tokens=(32, 16)),
     ("spans", "ci"): dict(dataset='spans_2', n=2, orders=('normal',), policies=('streamingllm',),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
         queries=('benign',), tokens=(32, 32)),
@@ -162,6 +182,9 @@ GRIDS = {
     ("trec", "cpu"): dict(dataset='trec_1k', n=50, orders=('normal',), policies=('streamingllm', 'snapkv'),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'),
         tokens=(128, 64)),
+    ("trec_debias", "cpu"): dict(dataset='trec_1k', n=50, orders=('normal',), policies=('snapkv', 'tova'),
+        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=('benign', 'attack'), tokens=(128, 64)),
     ("spans", "cpu"): dict(dataset='spans_2', n=10, orders=('normal',), policies=('streamingllm',),
         variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7), queries=('benign',), tokens=(128, 128)),
     ("attacks", "cpu"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
@@ -195,6 +218,9 @@ GRIDS = {
     ("trec", "paper"): dict(dataset='trec_1k', n=None, orders=('normal', 'flipped'), policies=ALL5,
         variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
         queries=('benign', 'attack'), tokens=(256, 64)),
+    ("trec_debias", "paper"): dict(dataset='trec_1k', n=None, orders=('normal', 'flipped'), policies=('snapkv', 'tova'),
+        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=TEN, queries=('benign', 'attack'),
+        tokens=(256, 64)),
     ("spans", "paper"): dict(dataset='spans_2', n=100, orders=('normal', 'flipped'), policies=ALL5,
         variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
         queries=('benign',), tokens=(256, 1280)),
@@ -267,14 +293,15 @@ def test_study_overrides_and_errors():
         studies.grid("leakage", "laptop")
 
 
-def test_benign_refusals_mark_only_benign_refusals():
+def test_benign_flags_mark_only_benign_refusals_and_capped_answers():
     rows = pd.DataFrame([
-        _row(query="benign", response="I can't assist with that request."),
-        _row(query="benign", response="Here is your poem about the sea."),
-        _row(query="attack", response="I can't assist with that request."),
+        _row(query="benign", response="I can't assist with that request.", new_tokens=9, max_new_tokens=256),
+        _row(query="benign", response="Here is your poem about the sea...", new_tokens=256, max_new_tokens=256),
+        _row(query="attack", response="I can't assist with that request.", new_tokens=128, max_new_tokens=128),
     ])
-    marked = analysis.with_benign_refusals(rows)["benign_refused"].tolist()
-    assert marked[:2] == [1.0, 0.0] and math.isnan(marked[2])
+    marked = analysis.with_benign_flags(rows)
+    assert marked["benign_refused"].tolist()[:2] == [1.0, 0.0] and math.isnan(marked["benign_refused"].iloc[2])
+    assert marked["benign_capped"].tolist()[:2] == [0.0, 1.0] and math.isnan(marked["benign_capped"].iloc[2])
 
 
 def test_figures_say_what_they_plot(tmp_path):
@@ -293,3 +320,27 @@ def test_figures_say_what_they_plot(tmp_path):
     assert (tmp_path / "curves.png").is_file()
     moved = rows.assign(prompt_strict=rows["prompt_strict"] + 0.1)
     assert "mean value 0.6000" in figures.plotted(figures.policy_curves(moved, {"prompt_strict": "accuracy"}, "t"))
+
+
+def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
+    """Accuracy on 2 prompts of StreamingLLM only, leakage (means up to 0.075) on 4 prompts of StreamingLLM and K-Norm:
+    the accuracy panel says "n = 2 prompts, StreamingLLM only", the leakage panel "n = 4 prompts" on a 0-0.15 axis
+    that its label states; the same in a variant figure's row labels, where K-Norm's accuracy panel says it was not
+    run."""
+    from fairkv import figures
+
+    benign = [_row(policy="streamingllm", ratio=r, key=k, prompt_strict=0.5) for k in (1, 2) for r in (0.0, 0.5)]
+    attack = [_row(policy=p, ratio=r, key=k, query="attack", leak_directive=0.02 + 0.06 * r * (p == "knorm") + 0.01 * k % 2)
+              for p in ("streamingllm", "knorm") for k in (1, 2, 3, 4) for r in (0.0, 0.5)]
+    rows = pd.DataFrame(benign + attack)
+    fig = figures.policy_curves(rows, {"prompt_strict": "accuracy", "leak_directive": "leakage"}, "t")
+    accuracy, leakage = fig.axes[:2]
+    assert accuracy.get_title() == "n = 2 prompts, StreamingLLM only" and accuracy.get_ylim() == (-0.05, 1.05)
+    assert leakage.get_title() == "n = 4 prompts" and leakage.get_ylim()[1] == pytest.approx(0.15)
+    assert leakage.get_ylabel() == "leakage (y axis 0-0.15)"
+    fig = figures.variant_figure(rows, {"prompt_strict": "accuracy", "leak_directive": "leakage"}, "t")
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel()]
+    assert labels == ["accuracy (n = 2)", "leakage (y axis 0-0.15)\n(n = 4)"]
+    blank = [ax for ax in fig.axes if not ax.lines]  # K-Norm's accuracy: not measured, and the panel says so
+    assert len(blank) == 1 and blank[0].texts[0].get_text() == "not run at\nthis profile"
+

@@ -152,7 +152,13 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
         atlas.pattern(atlas.bias(rows[rows["order"] == "normal"]))
 
 
-def test_paper_vs_us_claims_read_both_orders_and_the_paired_refusals():
+def test_the_atlas_judges_a_press_only_against_the_pattern_the_paper_states():
+    """Three made-up presses with a stated pattern: "late" stated to favour the later span (it does: holds), "early"
+    stated balanced (it favours the earlier span: fails), "noisy" stated to favour the later span (undecided:
+    inconclusive); "defense" and "even" have no stated pattern and get no claim (the patterns table describes them).
+    The attack side: refusal 1.0 -> 0.1 under compression (lost: holds), whitelist 0.95 (restored: holds)."""
+    from fairkv import paper
+
     rows = _frame(BIASES)
     refusals = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
     attacked = pd.DataFrame(
@@ -162,16 +168,19 @@ def test_paper_vs_us_claims_read_both_orders_and_the_paired_refusals():
             for k, x in enumerate(values)
         ]
     )
-    claims = atlas.paper_vs_us(atlas.bias(rows), attacked).set_index("claim")["verdict"].to_dict()
-    assert claims == {
-        "late: the later span is kept more in both orders (r = 0.5)": "holds",
-        "defense: the later span is kept more in both orders (r = 0.5)": "fails",
-        "even: the later span is kept more in both orders (r = 0.5)": "inconclusive",
-        "noisy: the later span is kept more in both orders (r = 0.5)": "inconclusive",
-        "early: the later span is kept more in both orders (r = 0.5)": "fails",
+    stated = {"late": (atlas.LATER, "later"), "early": (atlas.BALANCED, "balanced"), "noisy": (atlas.LATER, "later")}
+    claims = paper.press_atlas(atlas.bias(rows), attacked, stated=stated).set_index("claim")
+    assert claims["verdict"].to_dict() == {
+        f"late: {atlas.LATER}, both orders (r = 0.5)": "holds",
+        "early: balanced, both orders (r = 0.5)": "fails",
+        f"noisy: {atlas.LATER}, both orders (r = 0.5)": "inconclusive",
         "SnapKV: compression loses the refusal (base, r = 0.5 vs 0)": "holds",
         "SnapKV: the whitelist restores the refusal (r = 0.5)": "holds",
     }
+    assert claims.loc["early: balanced, both orders (r = 0.5)", "why"].startswith("model:")
+    assert set(claims["magnitude"]) == {"n.a."} and set(claims["figure"]) == {"12_atlas_bias", "12_atlas_attacks"}
+    default = paper.press_atlas(atlas.bias(rows))  # none of the made-up presses is one whose pattern the paper states
+    assert default.empty
 
 
 def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, records, templates):

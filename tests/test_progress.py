@@ -24,6 +24,18 @@ def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
     assert abs(state["eta_s"] - state["elapsed_s"]) < 0.01 and state["eta_s"] >= 0.05
 
 
+def test_a_watched_bar_draws_nothing(tmp_path, monkeypatch):
+    """Where a terminal watches (``fairkv reproduce`` sets the progress file), the bar reports there and draws
+    nothing in the notebook, so a saved notebook keeps no progress bar; unwatched, it draws as tqdm does."""
+    drawn = io.StringIO()
+    monkeypatch.setenv(progress.PROGRESS_SETTING, str(tmp_path / "state.json"))
+    progress.Bar(total=2, desc="rows", file=drawn).update(2)
+    assert drawn.getvalue() == "" and json.loads((tmp_path / "state.json").read_text())["done"] == 2
+    monkeypatch.delenv(progress.PROGRESS_SETTING)
+    progress.Bar(total=2, desc="rows", file=drawn).update(2)
+    assert "rows: 100%" in drawn.getvalue()
+
+
 def test_monitor_prints_the_state_and_the_end(tmp_path):
     stream = io.StringIO()  # not a terminal: whole lines
     with progress.Monitor(tmp_path / "state.json", stream, every_s=3600, poll_s=0.01):

@@ -177,15 +177,13 @@ def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
 
 
 def test_summary_counts_the_three_verdicts(tmp_path):
-    table = pd.DataFrame([paper._claim("a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
-                          paper._claim("b", "x", "y", FAILS, 10), paper._claim("c", "x", "y", INCONCLUSIVE, 10)])
-    sentence = paper.verdict(table, "m", "cpu", 10)
-    assert sentence == "On m (cpu profile, n = 10 prompts), of 3 claims 1 holds, 1 fails, 1 inconclusive. fails: b; " \
-                       "inconclusive: c."
+    table = pd.DataFrame([paper._claim("Fig 4", "a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
+                          paper._claim("Fig 4", "b", "x", "y", FAILS, 10),
+                          paper._claim("Fig 4", "c", "x", "y", INCONCLUSIVE, 10)])
     tables = tmp_path / "tables"
     tables.mkdir()
     table = pd.concat([table.assign(magnitude=[verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]),
-                       pd.DataFrame([paper._claim("d", paper.OURS, "y", FAILS, 10, why="code")])])
+                       pd.DataFrame([paper._claim("Fig 4", "d", paper.OURS, "y", FAILS, 10, why="code")])])
     table.to_csv(tables / "03_paper_vs_us.csv", index=False)
     table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a notebook beyond the paper: ours
     summary = paper.write_summary(tmp_path, "t").read_text()

@@ -1,0 +1,169 @@
+"""The reader's page: the README's results section is the tables' (generated, compared here), the coverage of the
+paper's figures and tables is declared and read off the folder, each notebook ends with what we see, and every number
+the prose quotes is in a committed table."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fairkv import coverage, paper, readme, verdicts
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = ROOT / "figures" / "cpu"
+
+
+def test_the_readme_results_section_is_the_committed_tables():
+    """What the README says between its markers is exactly what ``fairkv reproduce`` writes from figures/cpu/: a
+    number there cannot drift from its table, and every link in it points at a committed file."""
+    written = readme.written(ROOT / "README.md")
+    assert written == readme.section(CPU, link_from=ROOT)
+    targets = re.findall(r"\]\(([^)#]+)\)", written)
+    assert targets and all((ROOT / target).exists() for target in targets), [t for t in targets if not (ROOT / t).exists()]
+    assert "Fig 4" in written and "| Table 4 " in written and "### Known confounds" in written
+    for table in re.findall(r"(?:^\|.*\n?)+", written, flags=re.M):  # no cell breaks its table with a stray "|"
+        assert len({line.count("|") for line in table.strip().split("\n")}) == 1, table[:200]
+
+
+def test_write_replaces_only_the_text_between_the_markers(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text(f"# x\n\nbefore\n{readme.BEGIN}\nold numbers 0.99\n{readme.END}\nafter\n")
+    readme.write(page, CPU)
+    text = page.read_text()
+    assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{readme.END}\nafter\n") and "0.99\n" not in text
+    assert readme.written(page) == readme.section(CPU, link_from=tmp_path)
+    page.write_text("no markers here\n")
+    with pytest.raises(readme.ReadmeError, match="needs one"):
+        readme.write(page, CPU)
+    with pytest.raises(readme.ReadmeError, match="no paper-vs-us table"):
+        readme.section(tmp_path)
+    (tmp_path / "tables").mkdir()
+    for name in ("03_paper_vs_us.csv", "03_fig4_benign_refusals.csv"):
+        (tmp_path / "tables" / name).write_bytes((CPU / "tables" / name).read_bytes())
+    with pytest.raises(readme.ReadmeError, match="03_fig4_capped.csv is missing: run the notebook"):
+        readme.section(tmp_path)
+
+
+def _claims(**verdict_of) -> pd.DataFrame:
+    rows = []
+    for name, (verdict, magnitude, why, figure) in verdict_of.items():
+        rows.append({"claim": name, "paper": "~0.5", "ours": f"0.10 [0.05, 0.15]; note on {name}", "n": 100,
+                     "verdict": verdict, "magnitude": magnitude, "why": why, "figure": figure})
+    return pd.DataFrame(rows)
+
+
+def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
+    """Four claims: two hold (Figs 4 and 7), one fails and one is inconclusive; three carry a paper number, two of
+    them differ; the reason given twice (model) comes before the one given once (budget)."""
+    claims = _claims(a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
+                     b=(verdicts.HOLDS, verdicts.MATCHES, "", "Fig 7"),
+                     c=(verdicts.FAILS, verdicts.DIFFERS, "model: echoes", "Fig 8"),
+                     d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "budget: few tokens", "Fig 9"))
+    lines = readme.bottom_line(claims, "tiny")
+    assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
+    assert lines[1] == ("- **Does not:** 1 fail (c), 1 are inconclusive; in magnitude 2 of the 3 claims the paper gives "
+                        "a number for differ from it.")
+    assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claims)."
+
+
+def test_each_notebook_closes_with_what_we_see_at_its_profile():
+    """The closing cell: counts, what holds, what fails grouped by why, what differs beside the paper's number, what
+    is inconclusive; the ci profile's pipeline-check sentence only at ci."""
+    claims = _claims(a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
+                     c=(verdicts.FAILS, verdicts.NOT_APPLICABLE, "model: other ranking", "Fig 3"),
+                     d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "", "Fig 9"))
+    cpu = paper.closing(claims, "qwen", "cpu", 100).split("\n\n")
+    assert cpu == [
+        "**What we see** on qwen (cpu profile, n = 100 prompts): of 3 claims, in direction 1 holds, 1 fails, "
+        "1 inconclusive; in magnitude 0 matches, 1 differs, 2 n.a.",
+        "Holds: a.",
+        "Fails (model: other ranking): c.",
+        "Differs from the paper's number (model: echoes): a (paper ~0.5; ours 0.10 [0.05, 0.15]).",
+        "Inconclusive (the interval straddles the claim's bound): d.",
+    ]
+    ci = paper.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
+    assert ci[0] == "SYNTHETIC data (pipeline check)" and ci[2].startswith("At the `ci` profile")
+    assert not any("pipeline, not the science" in line for line in cpu)
+
+
+def test_coverage_reads_each_item_off_the_folder(tmp_path):
+    """An item with its files is produced from real data; LongBench's figures without the real-data claims table are
+    a pipeline check; an item whose file is absent is missing (its notebook has not run); one without files is not
+    produced, with its reason; Table 4's file absent, it is missing."""
+    (tmp_path / "tables").mkdir()
+    for stem in ("04_fig7_keep_rates", "08_fig19_trec_1k"):
+        (tmp_path / f"{stem}.png").write_bytes(b"png")
+    table = coverage.table(tmp_path).set_index("item")
+    assert table.loc["Fig 7", "status"] == coverage.REAL and table.loc["Fig 7", "ours"] == "04_fig7_keep_rates.png"
+    assert table.loc["Figs 19-22", "status"] == coverage.PIPELINE
+    assert table.loc["Fig 8", "status"] == coverage.MISSING and "run notebook 05" in table.loc["Fig 8", "note"]
+    assert table.loc["Table 2", "status"] == coverage.NOT_PRODUCED and "checklist" in table.loc["Table 2", "note"]
+    assert table.loc["Table 4", "status"] == coverage.MISSING  # notebook 08's lambda sweep has not run here
+    (tmp_path / "tables" / "08_paper_vs_us.md").write_text("| claim |")
+    assert coverage.table(tmp_path).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
+    with pytest.raises(coverage.CoverageError, match="neither an item of the paper"):
+        coverage.first_file(tmp_path, "Figure 4")
+
+
+def test_every_committed_item_is_where_coverage_says():
+    """At the committed cpu profile no declared item is missing, every item from Fig 2a to Table 4 is listed once, and
+    every claim's figure resolves to a committed file."""
+    table = coverage.table(CPU)
+    assert coverage.MISSING not in set(table["status"])
+    assert table["item"].is_unique and table["item"].iloc[0] == "Fig 2a" and table["item"].iloc[-1] == "Table 4"
+    claims = pd.concat(pd.read_csv(path, keep_default_na=False) for path in (CPU / "tables").glob("*_paper_vs_us.csv"))
+    unresolved = sorted({figure for figure in claims["figure"] if coverage.first_file(CPU, figure) is None})
+    assert not unresolved
+
+
+# A decimal number quoted as a result. Not: version numbers (x.y.z, Python 3.11), section numbers, arXiv ids, and
+# measurements with a unit (seconds, GB, x, tok/s, %: the timings and benchmark figures of docs/timings.md and the
+# README's Benchmarks, printed by benchmarks/ into benchmarks/results/).
+UNIT = r"(?:\s*(?:-|–|vs|to)\s*[+-]?\d+(?:\.\d+)?)?\s*(?:s\b|ms\b|min\b|h\b|hours?\b|GB|GiB|MB|x\b|tok/s|%)"
+NUMBER = re.compile(rf"(?<![\w.-])[+-]?\d+\.\d+(?![\w.]*\d)(?!{UNIT})")
+NOT_RESULTS = re.compile(r"\d+\.\d+\.\d+|(?:Python|torch) \d+\.\d+|Sections? [\d.\-– and,]+|\d{4}\.\d{5}")
+
+
+def _numbers(text: str) -> set[str]:
+    return {match.group(0).lstrip("+") for match in NUMBER.finditer(NOT_RESULTS.sub(" ", text))}
+
+
+def _rounded(numbers: set[str]) -> set[str]:
+    """A table's numbers as printed and rounded to fewer decimals (tables print 4, prose 2)."""
+    out = set(numbers)
+    for number in numbers:
+        decimals = len(number.split(".")[1])
+        out |= {f"{float(number):.{d}f}" for d in range(1, decimals)}
+    return out
+
+
+def _prose() -> dict[str, str]:
+    page = (ROOT / "README.md").read_text()
+    generated = readme.written(ROOT / "README.md")
+    texts = {"README.md": page.replace(generated, ""), "notebooks/README.md": (ROOT / "notebooks" / "README.md").read_text()}
+    texts |= {f"docs/{path.name}": path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        texts[f"notebooks/{path.name}"] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return texts
+
+
+def test_every_number_the_prose_quotes_is_in_a_committed_table():
+    """README (outside its generated section), notebooks/README.md, docs/ and the notebooks' markdown: each decimal
+    quoted as a result appears in a committed table (figures/cpu/tables, SUMMARY.md) or a benchmark's printed output
+    (benchmarks/results), so prose cannot contradict the tables it summarises."""
+    tables = [*sorted((CPU / "tables").glob("*.md")), CPU / "SUMMARY.md", *sorted((ROOT / "benchmarks" / "results").glob("*"))]
+    known = _rounded(set().union(*(_numbers(path.read_text(errors="ignore")) for path in tables)))
+    absent = {name: sorted(_numbers(text) - known) for name, text in _prose().items()}
+    assert not {name: numbers for name, numbers in absent.items() if numbers}
+
+
+def test_the_number_check_sees_a_number_no_table_holds():
+    """The check above is not vacuous: a made-up leakage in prose is caught, a version or a timing is not a result."""
+    assert _numbers("directive leakage 0.137 at r = 0.5, torch 2.13, Python 3.11, 12.2 GB, 9.7 vs 10.1 s, 10.3x, "
+                    "99.3-99.6%, Section 4.3, arXiv 2510.00231, GPL-3.0") == {"0.137", "0.5"}
+    assert "0.43" in _rounded({"0.4333"}) and "0.44" not in _rounded({"0.4333"})
