@@ -34,8 +34,9 @@ test: setup
 		--durations=15 --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg; status=$$?; \
 		rm -rf $$results; exit $$status
 
-# a developer's edit-test loop: no language model, nothing slow (tiers: tests/conftest.py)
+# a developer's edit-test loop: no language model, nothing slow (tiers: tests/conftest.py); the one formatter first
 test-fast: setup
+	$(BIN)/ruff format --check --quiet fairkv tests benchmarks
 	$(BIN)/python -m pytest tests -m "not model and not slow" -q
 
 clean:

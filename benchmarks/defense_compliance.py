@@ -31,10 +31,16 @@ def measure(model: str, n: int, max_new_tokens: int, orders: list[str]) -> pd.Da
             for policy, ratio in SETTINGS:
                 reply = generation.answer(lm, generation.compress(lm, prompt, policy, ratio), query, max_new_tokens)
                 leaks = {name: metrics.leakage(ref, reply.text) for name, ref in prompt.references.items()}
-                rows.append({
-                    "order": order, "policy": policy or "none", "ratio": ratio, "key": record.key,
-                    "label": metrics.attack_label(reply.text, leaks), "leak_directive": leaks["directive"],
-                })
+                rows.append(
+                    {
+                        "order": order,
+                        "policy": policy or "none",
+                        "ratio": ratio,
+                        "key": record.key,
+                        "label": metrics.attack_label(reply.text, leaks),
+                        "leak_directive": leaks["directive"],
+                    }
+                )
     return pd.DataFrame(rows)
 
 

@@ -42,7 +42,9 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.5)
     args = parser.parse_args()
     frame = measure(args.model, args.n, args.ratio)
-    table = frame.groupby(["order", "policy", "variant"], sort=False)[["defense", "directive"]].mean().unstack("variant")
+    table = (
+        frame.groupby(["order", "policy", "variant"], sort=False)[["defense", "directive"]].mean().unstack("variant")
+    )
     table.columns = [f"{span} {variant}" for span, variant in table.columns]
     print(f"model {args.model}, r = {args.ratio}, n = {args.n} prompts (sys_ifeval_shuffled), mean keep rate\n")
     print(table.round(3).reset_index().to_markdown(index=False))

@@ -33,7 +33,9 @@ def rows_in(model: str, dtype: str, grids: list[experiment.Grid]) -> list[pd.Dat
         for grid in grids:
             start = time.perf_counter()
             out.append(experiment.run(grid.with_overrides(dtype=dtype), folder, progress=False, lm=lm))
-            print(f"  {dtype}: {len(out[-1])} rows of {grid.queries} in {time.perf_counter() - start:.0f} s", flush=True)
+            print(
+                f"  {dtype}: {len(out[-1])} rows of {grid.queries} in {time.perf_counter() - start:.0f} s", flush=True
+            )
     del lm
     gc.collect()
     return out
@@ -47,11 +49,19 @@ def main() -> None:
     parser.add_argument("--keep-prompts", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=128)
     args = parser.parse_args()
-    answers = experiment.Grid(model=args.model, n_prompts=args.prompts, ratios=(0.0, 0.5), max_new_tokens=96,
-                              benign_tokens=64, batch_size=args.batch_size)
+    answers = experiment.Grid(
+        model=args.model,
+        n_prompts=args.prompts,
+        ratios=(0.0, 0.5),
+        max_new_tokens=96,
+        benign_tokens=64,
+        batch_size=args.batch_size,
+    )
     keeps = answers.with_overrides(n_prompts=args.keep_prompts, ratios=(0.3, 0.5, 0.7), queries=("keep",))
-    print(f"model {args.model}: float32 vs {args.dtype}; responses on {args.prompts} prompts, keep rates on "
-          f"{args.keep_prompts}, {torch.get_num_threads()} threads")
+    print(
+        f"model {args.model}: float32 vs {args.dtype}; responses on {args.prompts} prompts, keep rates on "
+        f"{args.keep_prompts}, {torch.get_num_threads()} threads"
+    )
     reference = rows_in(args.model, "float32", [answers, keeps])
     candidate = rows_in(args.model, args.dtype, [answers, keeps])
     on = ["key", "policy", "ratio", "query"]
@@ -69,12 +79,16 @@ def main() -> None:
     benign = both[both["query"] == "benign"]
     for ratio, frame in benign.groupby("ratio"):
         frame = frame.drop_duplicates(["key"]) if ratio == 0.0 else frame
-        print(f"    IFEval prompt-level strict accuracy, r = {ratio:g}: float32 {frame['prompt_strict_32'].mean():.2f}, "
-              f"{args.dtype} {frame['prompt_strict_x'].mean():.2f} (n = {len(frame)})")
+        print(
+            f"    IFEval prompt-level strict accuracy, r = {ratio:g}: float32 {frame['prompt_strict_32'].mean():.2f}, "
+            f"{args.dtype} {frame['prompt_strict_x'].mean():.2f} (n = {len(frame)})"
+        )
     kept = reference[1].merge(candidate[1], on=on, suffixes=("_32", "_x"))
     gaps = pd.concat([(kept[f"{s}_32"] - kept[f"{s}_x"]).abs() for s in SPANS])
-    print(f"(b) per-span keep rates over {kept['key'].nunique()} prompts x {kept['policy'].nunique()} policies x "
-          f"{kept['ratio'].nunique()} ratios: mean |difference| {gaps.mean():.4f}, largest {gaps.max():.4f}")
+    print(
+        f"(b) per-span keep rates over {kept['key'].nunique()} prompts x {kept['policy'].nunique()} policies x "
+        f"{kept['ratio'].nunique()} ratios: mean |difference| {gaps.mean():.4f}, largest {gaps.max():.4f}"
+    )
     for policy, frame in kept.groupby("policy"):
         worst = max((frame[f"{s}_32"] - frame[f"{s}_x"]).abs().mean() for s in SPANS)
         print(f"    {policy}: mean |difference| {worst:.4f}")

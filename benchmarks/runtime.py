@@ -28,8 +28,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64, help="decoded per measurement (paper: 256)")
     args = parser.parse_args()
 
-    chosen = runtime.plan("ci", model=args.model, policies=args.policies, ratios=args.ratios, n_prompts=args.prompts,
-                          repeats=args.repeats, new_tokens=args.new_tokens)
+    chosen = runtime.plan(
+        "ci",
+        model=args.model,
+        policies=args.policies,
+        ratios=args.ratios,
+        n_prompts=args.prompts,
+        repeats=args.repeats,
+        new_tokens=args.new_tokens,
+    )
     print(f"{chosen}; {torch.get_num_threads()} threads, 1 warm-up round")
     timings = runtime.run(chosen)
     summary = runtime.summarise(timings)

@@ -38,16 +38,24 @@ def timed_run(grid, executor, lm=None):
 
 
 def comparable(rows) -> str:
-    return json.dumps(rows.drop(columns=["prefill_s", "cut_s", "decode_s", "schema"]).to_dict("records"), sort_keys=True)
+    return json.dumps(
+        rows.drop(columns=["prefill_s", "cut_s", "decode_s", "schema"]).to_dict("records"), sort_keys=True
+    )
 
 
 def speed(args) -> None:
     grid = experiment.Grid(
-        model=args.model, n_prompts=args.prompts, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=args.max_new_tokens,
-        variants=("base", "whitelist", "fair"), batch_size=16,
+        model=args.model,
+        n_prompts=args.prompts,
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        max_new_tokens=args.max_new_tokens,
+        variants=("base", "whitelist", "fair"),
+        batch_size=16,
     )
-    print(f"grid: {args.model}, {args.prompts} prompts x {len(grid.settings())} settings x 2 queries, "
-          f"{args.max_new_tokens} new tokens; torch threads in this process: {torch.get_num_threads()}")
+    print(
+        f"grid: {args.model}, {args.prompts} prompts x {len(grid.settings())} settings x 2 queries, "
+        f"{args.max_new_tokens} new tokens; torch threads in this process: {torch.get_num_threads()}"
+    )
     lm = models.load_model(args.model)
     serial_rows, serial_s = timed_run(grid, "serial", lm)
     start = time.perf_counter()
@@ -56,9 +64,13 @@ def speed(args) -> None:
     ray_rows, ray_s = timed_run(grid, executors.RayExecutor(workers=args.workers))
     tokens = int(serial_rows.drop_duplicates("cell_id")["new_tokens"].sum())
     print(f"serial: {serial_s:.1f} s ({tokens / serial_s:.1f} tok/s)")
-    print(f"ray, {args.workers} workers: {ray_s:.1f} s incl. worker start and model load "
-          f"({tokens / ray_s:.1f} tok/s); cluster start {start_s:.1f} s not included")
-    print(f"speed-up serial / ray: {serial_s / ray_s:.2f}x; rows identical: {comparable(serial_rows) == comparable(ray_rows)}")
+    print(
+        f"ray, {args.workers} workers: {ray_s:.1f} s incl. worker start and model load "
+        f"({tokens / ray_s:.1f} tok/s); cluster start {start_s:.1f} s not included"
+    )
+    print(
+        f"speed-up serial / ray: {serial_s / ray_s:.2f}x; rows identical: {comparable(serial_rows) == comparable(ray_rows)}"
+    )
 
 
 def estimate(profile: str) -> None:
@@ -70,11 +82,18 @@ def estimate(profile: str) -> None:
             print(f"{name:14} LongBench TREC: its size is not known without the data (200 prompts in LongBench)")
             continue
         n_prompts = grid.n_prompts or 539
-        fresh = {(grid.dataset, key, order, s, q, grid.tokens_for(q)) for key in range(grid.start, grid.start + n_prompts)
-                 for order in grid.orders for s in grid.settings() for q in grid.queries} - cells
+        fresh = {
+            (grid.dataset, key, order, s, q, grid.tokens_for(q))
+            for key in range(grid.start, grid.start + n_prompts)
+            for order in grid.orders
+            for s in grid.settings()
+            for q in grid.queries
+        } - cells
         cells |= fresh
-        print(f"{name:14} {n_prompts * len(grid.orders) * len(grid.settings()) * len(grid.queries):8d} {len(fresh):10d} "
-              f"{sum(cell[-1] for cell in fresh):15,d}")
+        print(
+            f"{name:14} {n_prompts * len(grid.orders) * len(grid.settings()) * len(grid.queries):8d} {len(fresh):10d} "
+            f"{sum(cell[-1] for cell in fresh):15,d}"
+        )
     for query in ("benign", "attack"):
         mine = [cell for cell in cells if cell[4] == query]
         print(f"{query}: {len(mine):,} cells, at most {sum(cell[-1] for cell in mine):,} new tokens")
@@ -98,8 +117,10 @@ def measured(profile: str) -> None:
         mine = [row for row in rows if row["query"] == query]
         capped = sum(row["new_tokens"] >= row["max_new_tokens"] for row in mine) / len(mine)
         caps = sorted({row["max_new_tokens"] for row in mine})
-        print(f"  {query}: {len(mine):,} answers, {sum(row['new_tokens'] for row in mine) / len(mine):.1f} new tokens "
-              f"on average, {capped:.1%} at their cap ({', '.join(map(str, caps))} tokens)")
+        print(
+            f"  {query}: {len(mine):,} answers, {sum(row['new_tokens'] for row in mine) / len(mine):.1f} new tokens "
+            f"on average, {capped:.1%} at their cap ({', '.join(map(str, caps))} tokens)"
+        )
 
 
 if __name__ == "__main__":

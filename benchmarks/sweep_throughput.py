@@ -97,41 +97,63 @@ def main() -> None:
     templates, attack = data.load_defense_templates(), data.paper_attack().text
     policies = tuple(POLICIES)
     grid = experiment.Grid(
-        model=args.model, n_prompts=args.prompts, ratios=tuple(args.ratios), max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, dtype=args.dtype,
+        model=args.model,
+        n_prompts=args.prompts,
+        ratios=tuple(args.ratios),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
     )
-    print(f"model {args.model} in {args.dtype}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} "
-          f"ratios x 2 queries, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"model {args.model} in {args.dtype}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} "
+        f"ratios x 2 queries, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} threads"
+    )
     engine_run(lm, grid.with_overrides(n_prompts=1, max_new_tokens=4))  # warm-up
     plain_records = records[: args.plain_prompts]
-    plain, plain_tokens, plain_s = plain_loop(lm, plain_records, templates, attack, policies, args.ratios,
-                                              args.max_new_tokens)
+    plain, plain_tokens, plain_s = plain_loop(
+        lm, plain_records, templates, attack, policies, args.ratios, args.max_new_tokens
+    )
     ours, our_tokens, our_s = engine_run(lm, grid)
     limit = matmul_limit(lm, args.batch_size)
     same = sum(plain[k] == ours[k] for k in plain)
     engine_speed, plain_speed = our_tokens / our_s, plain_tokens / plain_s
-    print(f"(a) plain loop, {args.dtype}, {len(plain_records)} prompts: {plain_tokens} tokens in {plain_s:.1f} s = "
-          f"{plain_speed:.1f} tok/s")
+    print(
+        f"(a) plain loop, {args.dtype}, {len(plain_records)} prompts: {plain_tokens} tokens in {plain_s:.1f} s = "
+        f"{plain_speed:.1f} tok/s"
+    )
     if args.float32_prompts:
         lm32 = lm if args.dtype == "float32" else models.load_model(args.model, dtype=torch.float32)
-        _, tokens32, seconds32 = plain_loop(lm32, records[: args.float32_prompts], templates, attack, policies,
-                                            args.ratios, args.max_new_tokens)
-        print(f"(a') plain loop, float32, {args.float32_prompts} prompts: {tokens32} tokens in {seconds32:.1f} s = "
-              f"{tokens32 / seconds32:.1f} tok/s")
-    print(f"(b) engine, {args.dtype}, {args.prompts} prompts: {our_tokens} tokens in {our_s:.1f} s = "
-          f"{engine_speed:.1f} tok/s")
+        _, tokens32, seconds32 = plain_loop(
+            lm32, records[: args.float32_prompts], templates, attack, policies, args.ratios, args.max_new_tokens
+        )
+        print(
+            f"(a') plain loop, float32, {args.float32_prompts} prompts: {tokens32} tokens in {seconds32:.1f} s = "
+            f"{tokens32 / seconds32:.1f} tok/s"
+        )
+    print(
+        f"(b) engine, {args.dtype}, {args.prompts} prompts: {our_tokens} tokens in {our_s:.1f} s = "
+        f"{engine_speed:.1f} tok/s"
+    )
     print(f"(c) limit, {args.dtype} matmuls of the model's shapes at batch {args.batch_size}: {limit:.1f} tok/s")
-    print(f"engine / plain loop at {args.dtype}: {engine_speed / plain_speed:.2f}x"
-          + (f"; engine / float32 plain loop: {engine_speed / (tokens32 / seconds32):.2f}x" if args.float32_prompts else "")
-          + f"; engine / limit: {engine_speed / limit:.1%}")
+    print(
+        f"engine / plain loop at {args.dtype}: {engine_speed / plain_speed:.2f}x"
+        + (
+            f"; engine / float32 plain loop: {engine_speed / (tokens32 / seconds32):.2f}x"
+            if args.float32_prompts
+            else ""
+        )
+        + f"; engine / limit: {engine_speed / limit:.1%}"
+    )
     print(f"identical responses, plain loop vs engine: {same}/{len(plain)} ({same / len(plain):.1%})")
 
     prompt = prompts.paper_prompt(lm.tokenizer, records[0], templates)
     ratios = [round(0.1 * i, 1) for i in range(10)]
     press_s, cut_s, identical, _ = keep_rate_sweep(lm, prompt, ratios)
-    print(f"keep-rate sweep, 5 policies x 10 ratios: press at each ratio {press_s:.2f} s, score once + cut "
-          f"{cut_s:.2f} s = {press_s / cut_s:.1f}x faster; kept sets identical: {identical}")
+    print(
+        f"keep-rate sweep, 5 policies x 10 ratios: press at each ratio {press_s:.2f} s, score once + cut "
+        f"{cut_s:.2f} s = {press_s / cut_s:.1f}x faster; kept sets identical: {identical}"
+    )
 
 
 if __name__ == "__main__":

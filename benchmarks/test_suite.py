@@ -45,10 +45,18 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRKV_")}
         env.update(PIP_NO_CACHE_DIR="1", FAIRKV_CACHE_DIR=str(Path(work) / "cache"), FAIRKV_FORBID_SKIPS="1")
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True)
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "unknown CPU")
-        print(f"commit {commit.stdout.strip()}, {os.cpu_count()} cores ({cpu}), "
-              f"{'bfloat16 arithmetic emulated away (ONEDNN_MAX_CPU_ISA=AVX512_CORE)' if args.no_bf16 else 'as is'}")
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "unknown CPU",
+        )
+        print(
+            f"commit {commit.stdout.strip()}, {os.cpu_count()} cores ({cpu}), "
+            f"{'bfloat16 arithmetic emulated away (ONEDNN_MAX_CPU_ISA=AVX512_CORE)' if args.no_bf16 else 'as is'}"
+        )
         setup, output, status = timed(["make", "setup"], clone, env)
         if status:
             print(output[-3000:])

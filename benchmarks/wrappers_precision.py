@@ -34,8 +34,11 @@ def rows_in(dtype: str, prompts: int) -> pd.DataFrame:
         rows = wrappers.attack(grid, folder, progress=False, lm=lm)
         wall = time.perf_counter() - start
     prefill = rows.drop_duplicates("key")["prefill_s"].mean()
-    print(f"  {dtype}: {len(rows)} rows in {wall:.0f} s ({wall / prompts:.1f} s per prompt; prefill with every "
-          f"setting's masks {prefill:.1f} s per prompt, decode {rows['decode_s'].mean():.2f} s per answer)", flush=True)
+    print(
+        f"  {dtype}: {len(rows)} rows in {wall:.0f} s ({wall / prompts:.1f} s per prompt; prefill with every "
+        f"setting's masks {prefill:.1f} s per prompt, decode {rows['decode_s'].mean():.2f} s per answer)",
+        flush=True,
+    )
     del lm
     gc.collect()
     return rows
@@ -45,16 +48,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=4)
     args = parser.parse_args()
-    print(f"wrapped presses {PRESSES}: float32 vs bfloat16 on {args.prompts} prompts, {torch.get_num_threads()} "
-          f"threads, CPU with AVX512-BF16: {'avx512_bf16' in open('/proc/cpuinfo').read()}")
+    print(
+        f"wrapped presses {PRESSES}: float32 vs bfloat16 on {args.prompts} prompts, {torch.get_num_threads()} "
+        f"threads, CPU with AVX512-BF16: {'avx512_bf16' in open('/proc/cpuinfo').read()}"
+    )
     on = ["key", "policy", "ratio", "variant", "query"]
     both = rows_in("float32", args.prompts).merge(rows_in("bfloat16", args.prompts), on=on, suffixes=("_32", "_16"))
     both["same"] = both["response_32"] == both["response_16"]
     print(f"identical responses: {int(both['same'].sum())}/{len(both)} ({both['same'].mean():.0%})")
     print("refusals per press and ratio (float32 / bfloat16, of prompts x variants):")
     for (policy, ratio), frame in both.groupby(["policy", "ratio"]):
-        print(f"  {policy} r = {ratio:g}: {int(frame['refused_32'].sum())} / {int(frame['refused_16'].sum())} "
-              f"of {len(frame)}")
+        print(
+            f"  {policy} r = {ratio:g}: {int(frame['refused_32'].sum())} / {int(frame['refused_16'].sum())} "
+            f"of {len(frame)}"
+        )
 
 
 if __name__ == "__main__":

@@ -62,16 +62,22 @@ def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.Da
     out = []
     for key, group in picked.groupby(by, sort=True):
         estimate = verdicts.mean(group[metric].to_numpy(dtype=float))
-        out.append({**dict(zip(by, key)), "mean": estimate.value, "low": estimate.low, "high": estimate.high,
-                    "n": estimate.n})
+        out.append(
+            {**dict(zip(by, key)), "mean": estimate.value, "low": estimate.low, "high": estimate.high, "n": estimate.n}
+        )
     return pd.DataFrame(out)
 
 
-def interval_table(rows: pd.DataFrame, metric: str, index: str = "policy", columns: str = "ratio", digits: int = 2) -> pd.DataFrame:
+def interval_table(
+    rows: pd.DataFrame, metric: str, index: str = "policy", columns: str = "ratio", digits: int = 2
+) -> pd.DataFrame:
     """``metric`` as "mean [low, high]" (95% interval) with ``index`` down and ``columns`` across; the rows must hold
     one setting per (index, column) pair."""
     table = means(rows, metric, by=[index, columns])
-    table["cell"] = [f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" for m, lo, hi in zip(table["mean"], table["low"], table["high"])]
+    table["cell"] = [
+        f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+        for m, lo, hi in zip(table["mean"], table["low"], table["high"])
+    ]
     return table.pivot(index=index, columns=columns, values="cell")
 
 
@@ -83,8 +89,19 @@ def _instructions(rows: pd.DataFrame, strict: bool = True, split: bool = True) -
     for row in _query(rows, "benign").itertuples():
         kind = ("single" if len(row.instruction_ids) == 1 else "multi") if split else "all"
         for instruction, ok in zip(row.instruction_ids, getattr(row, outcomes)):
-            exploded.append((row.policy, row.variant, row.lam, row.order, row.ratio, row.key, kind,
-                             instruction_class(instruction), float(ok)))
+            exploded.append(
+                (
+                    row.policy,
+                    row.variant,
+                    row.lam,
+                    row.order,
+                    row.ratio,
+                    row.key,
+                    kind,
+                    instruction_class(instruction),
+                    float(ok),
+                )
+            )
     return pd.DataFrame(exploded, columns=[*SETTING, "key", "prompts", "class", "followed"])
 
 
@@ -96,7 +113,9 @@ def _class_table(frame: pd.DataFrame, weights: pd.Series | None = None) -> pd.Da
         frame = frame.assign(weight=frame["key"].map(weights).fillna(0.0))
         frame = frame[frame["weight"] > 0].assign(followed=lambda t: t["followed"] * t["weight"])
         sums = frame.groupby([*group, "ratio"])[["followed", "weight"]].sum()
-        return sums.assign(accuracy=sums["followed"] / sums["weight"], n=sums["weight"])[["accuracy", "n"]].reset_index()
+        return sums.assign(accuracy=sums["followed"] / sums["weight"], n=sums["weight"])[
+            ["accuracy", "n"]
+        ].reset_index()
     return frame.groupby([*group, "ratio"])["followed"].agg(accuracy="mean", n="size").reset_index()
 
 
@@ -142,8 +161,9 @@ def spearman_intervals(rows: pd.DataFrame, split: bool = True, n_boot: int = 200
     frame = _instructions(rows, split=split)
     point = spearman(_class_table(frame))
     keys, rng = frame["key"].unique(), np.random.default_rng(seed)
-    draws = [spearman(_class_table(frame, pd.Series(rng.choice(keys, len(keys))).value_counts()))
-             for _ in range(n_boot)]
+    draws = [
+        spearman(_class_table(frame, pd.Series(rng.choice(keys, len(keys))).value_counts())) for _ in range(n_boot)
+    ]
     group = [c for c in point.columns if c not in ("rho", "classes")]
     bounds = pd.concat(draws).groupby(group)["rho"].quantile([0.025, 0.975]).unstack()
     bounds.columns = ["low", "high"]
@@ -172,7 +192,9 @@ def composite(rows: pd.DataFrame, variant: str, base: str = "base") -> pd.DataFr
     return score.rename("score").dropna().reset_index().assign(variant=variant)
 
 
-def table1(rows: pd.DataFrame, ratios: tuple[float, ...], variants: tuple[str, ...] = ("whitelist", "fair")) -> pd.DataFrame:
+def table1(
+    rows: pd.DataFrame, ratios: tuple[float, ...], variants: tuple[str, ...] = ("whitelist", "fair")
+) -> pd.DataFrame:
     """Table 1: composite score per policy and variant, mean and std (numpy's, ddof 0) over ``ratios`` (all of
     which the rows must hold: a table over fewer ratios is not the paper's)."""
     missing = sorted(set(ratios) - set(rows["ratio"]))
@@ -227,12 +249,18 @@ def judge_agreement(rows: pd.DataFrame, by: tuple[str, ...] = ("policy", "varian
     responses (first row, ``setting`` "all") and per setting, the Spearman rho between the judge's expected severity
     and directive ROUGE-L (NaN where either is constant), the share of responses both call a leak or both call
     safe (judge score >= 2 vs ROUGE-L > the leak threshold), and both leak rates."""
+
     def summary(frame: pd.DataFrame) -> dict:
         rouge_leak = frame[LEAKAGE] > LEAK_THRESHOLD
         varied = frame["judge_expected"].nunique() > 1 and frame[LEAKAGE].nunique() > 1
         rho = stats.spearmanr(frame["judge_expected"], frame[LEAKAGE]).statistic if varied else np.nan
-        return {"n": len(frame), "rho": rho, "label_agreement": float((frame["judge_leak"] == rouge_leak).mean()),
-                "judge_leak_rate": float(frame["judge_leak"].mean()), "rouge_leak_rate": float(rouge_leak.mean())}
+        return {
+            "n": len(frame),
+            "rho": rho,
+            "label_agreement": float((frame["judge_leak"] == rouge_leak).mean()),
+            "judge_leak_rate": float(frame["judge_leak"].mean()),
+            "rouge_leak_rate": float(rouge_leak.mean()),
+        }
 
     judged = rows.dropna(subset=["judge_expected", LEAKAGE])
     if judged.empty:
@@ -251,12 +279,21 @@ def per_span(rows: pd.DataFrame) -> pd.DataFrame:
         spans = sorted(row.span_tokens, key=lambda name: int(name.removeprefix("span")))
         for index, name in enumerate(spans):
             keep = getattr(row, f"keep_{name}")
-            out.append({
-                "key": row.key, "n_spans": len(spans), "span": name, "instruction": row.instruction_ids[index],
-                "policy": row.policy, "variant": row.variant, "ratio": row.ratio, "span_tokens": row.span_tokens[name],
-                "keep_rate": keep, "kept_tokens": keep * row.span_tokens[name],
-                "compliance": float(row.strict_list[index]),
-            })
+            out.append(
+                {
+                    "key": row.key,
+                    "n_spans": len(spans),
+                    "span": name,
+                    "instruction": row.instruction_ids[index],
+                    "policy": row.policy,
+                    "variant": row.variant,
+                    "ratio": row.ratio,
+                    "span_tokens": row.span_tokens[name],
+                    "keep_rate": keep,
+                    "kept_tokens": keep * row.span_tokens[name],
+                    "compliance": float(row.strict_list[index]),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -264,12 +301,17 @@ def starvation(spans: pd.DataFrame) -> pd.DataFrame:
     """Per span count, policy and ratio: the mean compliance and the smallest span keep rate under base and fair
     eviction, and what fair eviction changes (does it stop helping once every span starves?)."""
     per_prompt = spans.groupby(["n_spans", "policy", "variant", "ratio", "key"]).agg(
-        compliance=("compliance", "mean"), min_keep=("keep_rate", "min"))
+        compliance=("compliance", "mean"), min_keep=("keep_rate", "min")
+    )
     means = per_prompt.groupby(["n_spans", "policy", "variant", "ratio"]).mean().unstack("variant")
-    table = pd.DataFrame({
-        "compliance_base": means[("compliance", "base")], "compliance_fair": means[("compliance", "fair")],
-        "min_keep_base": means[("min_keep", "base")], "min_keep_fair": means[("min_keep", "fair")],
-    })
+    table = pd.DataFrame(
+        {
+            "compliance_base": means[("compliance", "base")],
+            "compliance_fair": means[("compliance", "fair")],
+            "min_keep_base": means[("min_keep", "base")],
+            "min_keep_fair": means[("min_keep", "fair")],
+        }
+    )
     table["fair_gain"] = table["compliance_fair"] - table["compliance_base"]
     return table.reset_index()
 
@@ -280,7 +322,9 @@ def by_attack(rows: pd.DataFrame) -> pd.DataFrame:
     attacks = rows[rows["query"].str.startswith("attack")]
     if attacks.empty:
         raise AnalysisError("no attack rows")
-    parts = attacks["query"].map(lambda q: q.split(":", 1)[1].split("/") if ":" in q else ["singular_attacks", "Plain", "prompt1"])
+    parts = attacks["query"].map(
+        lambda q: q.split(":", 1)[1].split("/") if ":" in q else ["singular_attacks", "Plain", "prompt1"]
+    )
     return attacks.assign(suite=parts.str[0], category=parts.str[1])
 
 
@@ -293,6 +337,11 @@ def critical_ratio(rows: pd.DataFrame, by: list[str], metric: str = "refused", f
         curve = frame.groupby("ratio")[metric].mean().sort_index()
         start = curve.get(0.0, np.nan)
         below = curve[(curve.index > 0) & (curve < fraction * start)] if start > 0 else curve.iloc[:0]
-        out.append({**dict(zip(by, values if isinstance(values, tuple) else (values,))), f"{metric}_at_0": start,
-                    "critical_ratio": float(below.index[0]) if len(below) else np.nan})
+        out.append(
+            {
+                **dict(zip(by, values if isinstance(values, tuple) else (values,))),
+                f"{metric}_at_0": start,
+                "critical_ratio": float(below.index[0]) if len(below) else np.nan,
+            }
+        )
     return pd.DataFrame(out)

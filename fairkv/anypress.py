@@ -1,4 +1,4 @@
-"""Whitelist and fair eviction for any kvpress ``ScorerPress`` (beyond the paper; issue 20, item 3).
+"""Whitelist and fair eviction for any kvpress ``ScorerPress`` (beyond the paper).
 
 The whitelist (Section 5.1) and the per-span budgets of fair eviction (Algorithm 1, Appendix G) read nothing of a
 press but its scores, so ``presses.selection.choose`` applies them to any ``ScorerPress``. What fair eviction also

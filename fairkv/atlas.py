@@ -12,7 +12,7 @@ press's own ``compress`` at every ratio on them. Which positions a press kept is
 keys are gathered copies of prefix keys: ``kept_mask`` finds them) or, for AdaKV-style presses that keep the cache
 and mask instead, from the indices it masks. No press is re-implemented: kvpress decides every kept set.
 
-Bias (issue 20): the defense's keep rate minus the directive's at r = 0.5, per prompt, mean over prompts with a
+Bias: the defense's keep rate minus the directive's at r = 0.5, per prompt, mean over prompts with a
 bootstrap interval (``bias``); ``pattern`` reads both orders together: whether a press favours the later span (the
 paper's pitfall: the defense, earlier in the normal order, is lost first), the earlier one, or neither.
 
@@ -45,7 +45,7 @@ from fairkv.store import ResultsStore
 from fairkv.studies import TEN_RATIOS, results_folder
 from fairkv.verdicts import HOLDS, INCONCLUSIVE, Estimate, all_of, decide, difference, mean
 
-ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9 (issue 20); r = 0 keeps everything for every press
+ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9; r = 0 keeps everything for every press
 BIAS_RATIO = 0.5
 SPANS = ("defense", "directive")
 SEED = 0  # presses that draw random numbers (Random, LeverageScore's sketch) draw them seeded by SEED + the layer
@@ -569,7 +569,7 @@ def _sign(estimate: Estimate) -> int:
     return 1 if decide(estimate, above=0.0) == HOLDS else -1 if decide(estimate, below=0.0) == HOLDS else 0
 
 
-# Issue 20, item 2: the attack side of the most biased presses the engine can take with whitelist and fair eviction
+# The attack side of the most biased presses the engine can take with whitelist and fair eviction
 # (``fairkv.anypress``), at the paper's ratios for Figs 8-9, normal order (the paper's prompt)
 ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)
 ATTACK_SCALE = {"ci": dict(n_prompts=2, ratios=(0.0, 0.5)), "cpu": dict(n_prompts=100, ratios=ATTACK_RATIOS)}

@@ -36,7 +36,8 @@ def grouped_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     if attention_mask is not None:
         span = weights.shape[-1]
         weights = (weights.view(batch, kv_heads, group, length, span) + attention_mask[:, :, None, :, :span]).view(
-            batch, kv_heads, group * length, span)
+            batch, kv_heads, group * length, span
+        )
     weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     output = torch.matmul(weights, value).view(batch, heads, length, dim)
     return output.transpose(1, 2).contiguous(), None

@@ -36,12 +36,38 @@ AUDIT_MODEL = "qwen2.5-coder-1.5b"
 # an empty atlas store, 12.2 GB peak, plus 39 min 27 s for the wrappers' attack side, 11.5 GB peak) measured.
 # Rows already in the store cost nothing.
 MEASURED_MINUTES = {
-    "ci": {"00": 0.8, "01": 0.4, "02": 0.6, "03": 0.8, "04": 0.3, "05": 0.8, "06": 1.0, "07": 0.4, "08": 0.5, "09": 0.7,
-           "10": 0.8, "11": 3.0, "12": 0.6},
+    "ci": {
+        "00": 0.8,
+        "01": 0.4,
+        "02": 0.6,
+        "03": 0.8,
+        "04": 0.3,
+        "05": 0.8,
+        "06": 1.0,
+        "07": 0.4,
+        "08": 0.5,
+        "09": 0.7,
+        "10": 0.8,
+        "11": 3.0,
+        "12": 0.6,
+    },
 }
 ESTIMATED_MINUTES = {
-    "cpu": {"00": 1, "01": 6, "02": 10, "03": 18, "04": 5, "05": 29, "06": 38, "07": 39, "08": 10, "09": 5, "10": 35,
-            "11": 18, "12": 83},
+    "cpu": {
+        "00": 1,
+        "01": 6,
+        "02": 10,
+        "03": 18,
+        "04": 5,
+        "05": 29,
+        "06": 38,
+        "07": 39,
+        "08": 10,
+        "09": 5,
+        "10": 35,
+        "11": 18,
+        "12": 83,
+    },
 }
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
@@ -54,9 +80,11 @@ def expected_time(profile: str, notebooks: list[Path]) -> str:
         if profile in table:
             minutes = {n: table[profile][n] for n in chosen if n in table[profile]}
             parts = ", ".join(f"{n}: {m:g}" for n, m in minutes.items())
-            return (f"{kind} on a 2-core machine for the {profile} profile: about {sum(minutes.values()):.0f} min "
-                    f"from an empty results store ({parts} min; rows already stored are not recomputed, and an "
-                    "interrupted run resumes where it stopped)")
+            return (
+                f"{kind} on a 2-core machine for the {profile} profile: about {sum(minutes.values()):.0f} min "
+                f"from an empty results store ({parts} min; rows already stored are not recomputed, and an "
+                "interrupted run resumes where it stopped)"
+            )
     return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
 
 
@@ -67,7 +95,9 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
     if names:
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
         if not notebooks:
-            raise SystemExit(f"no notebook matches {names}; available: {[nb.name for nb in sorted(NOTEBOOKS.glob('*.ipynb'))]}")
+            raise SystemExit(
+                f"no notebook matches {names}; available: {[nb.name for nb in sorted(NOTEBOOKS.glob('*.ipynb'))]}"
+            )
     parameters = parameters or {}
     profile = str(parameters.get("profile", "ci"))
     out_dir = reports_dir() / profile
@@ -81,8 +111,14 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
             print(f"[{number}/{len(notebooks)}] {notebook.name} -> {target}", flush=True)
             began = time.monotonic()
             with progress.Monitor(Path(scratch) / "state.json"):
-                papermill.execute_notebook(str(notebook), str(target), parameters=parameters, cwd=str(out_dir),
-                                           progress_bar=False, config=KERNEL_CONFIG)
+                papermill.execute_notebook(
+                    str(notebook),
+                    str(target),
+                    parameters=parameters,
+                    cwd=str(out_dir),
+                    progress_bar=False,
+                    config=KERNEL_CONFIG,
+                )
             print(f"  {notebook.name} done in {progress.duration(time.monotonic() - began)}", flush=True)
             written.append(str(target))
     print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
@@ -103,49 +139,93 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("reproduce", help="execute the numbered notebooks with papermill")
     run.add_argument("notebooks", nargs="*", help="notebook number prefixes, e.g. 00 03 (default: all)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-    check = commands.add_parser("audit", help="audit your own system prompt: keep rates, leakage, compliance vs r",
-                                epilog="exit status: 0 audited, 1 spans not confirmed, 3 a leak with --fail-on-leak")
+    check = commands.add_parser(
+        "audit",
+        help="audit your own system prompt: keep rates, leakage, compliance vs r",
+        epilog="exit status: 0 audited, 1 spans not confirmed, 3 a leak with --fail-on-leak",
+    )
     check.add_argument("prompt", help="text file: spans marked by '## <name>' lines, or split automatically")
-    check.add_argument("--model", default=AUDIT_MODEL, help=f"default {AUDIT_MODEL}: it follows instructions and "
-                                                            "defenses (SmolLM2, smollm2-135m, hardly does)")
-    check.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                       help="bfloat16 (default) gives the same refusals as float32 at a third of its time here "
-                            "(benchmarks/precision_gate.py)")
-    check.add_argument("--policies", nargs="+", default=list(POLICIES), metavar="POLICY",
-                       help=f"policies to compare (default: all five, {' '.join(POLICIES)})")
+    check.add_argument(
+        "--model",
+        default=AUDIT_MODEL,
+        help=f"default {AUDIT_MODEL}: it follows instructions and defenses (SmolLM2, smollm2-135m, hardly does)",
+    )
+    check.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("float32", "bfloat16"),
+        help="bfloat16 (default) gives the same refusals as float32 at a third of its time here "
+        "(benchmarks/precision_gate.py)",
+    )
+    check.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(POLICIES),
+        metavar="POLICY",
+        help=f"policies to compare (default: all five, {' '.join(POLICIES)})",
+    )
     check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
     check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
-    check.add_argument("--query", action="append", default=[], metavar="TEXT",
-                       help="a benign user query (repeatable); needed to check compliance of spans with check=")
+    check.add_argument(
+        "--query",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a benign user query (repeatable); needed to check compliance of spans with check=",
+    )
     check.add_argument("--queries-file", help="benign queries, one per line or JSONL with a 'text' field")
-    check.add_argument("--attacks", type=int, default=6, metavar="N",
-                       help="how many RaccoonBench attacks (the paper's, then one per category; 0: none)")
-    check.add_argument("--attacks-file", help="your own attacks, one per line or JSONL with a 'text' field (run "
-                                              "beside the --attacks N RaccoonBench ones; --attacks 0 for yours only)")
-    check.add_argument("--secret", action="append", default=[], metavar="TEXT",
-                       help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')")
+    check.add_argument(
+        "--attacks",
+        type=int,
+        default=6,
+        metavar="N",
+        help="how many RaccoonBench attacks (the paper's, then one per category; 0: none)",
+    )
+    check.add_argument(
+        "--attacks-file",
+        help="your own attacks, one per line or JSONL with a 'text' field (run "
+        "beside the --attacks N RaccoonBench ones; --attacks 0 for yours only)",
+    )
+    check.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')",
+    )
     check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
     check.add_argument("--max-new-tokens", type=int, default=64)
     check.add_argument("--batch-size", type=int, default=64, help="answers decoded at once")
-    check.add_argument("--fail-on-leak", action="store_true",
-                       help="exit with status 3 when any audited cell (up to --max-ratio) leaks: for CI")
+    check.add_argument(
+        "--fail-on-leak",
+        action="store_true",
+        help="exit with status 3 when any audited cell (up to --max-ratio) leaks: for CI",
+    )
     check.add_argument("--max-ratio", type=float, help="with --fail-on-leak: only cells at r <= this count")
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
-    stores = commands.add_parser("store", help="check a results store, rewrite it without duplicates, or seal its rows "
-                                               "into gzip segments to commit")
+    stores = commands.add_parser(
+        "store",
+        help="check a results store, rewrite it without duplicates, or seal its rows into gzip segments to commit",
+    )
     stores.add_argument("action", choices=("check", "compact", "seal"))
-    stores.add_argument("paths", nargs="*",
-                        help="store files (default: every *.jsonl in the results folder and its profile folders)")
+    stores.add_argument(
+        "paths", nargs="*", help="store files (default: every *.jsonl in the results folder and its profile folders)"
+    )
     checking = commands.add_parser("verify", help="recompute random stored rows from scratch and count identical ones")
-    checking.add_argument("paths", nargs="*", help="store files (default: every sweep store in the results folder and "
-                                                   "its profile folders; judge scores are not recomputed)")
+    checking.add_argument(
+        "paths",
+        nargs="*",
+        help="store files (default: every sweep store in the results folder and "
+        "its profile folders; judge scores are not recomputed)",
+    )
     checking.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store")
     checking.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "verify":
         paths = [Path(p) for p in args.paths] or [
-            path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)]
+            path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)
+        ]
         return run_verify(paths, args.sample, args.seed)
     if args.command == "audit":
         return run_audit(args)
@@ -197,7 +277,8 @@ def run_audit(args) -> int:
         secrets = {f"secret{i}": text for i, text in enumerate(args.secret, start=1)}
         queries = args.query + (audit.read_lines_or_jsonl(args.queries_file, "queries") if args.queries_file else [])
         attacks = audit.default_attacks(args.attacks) + (
-            audit.read_lines_or_jsonl(args.attacks_file, "attacks") if args.attacks_file else [])
+            audit.read_lines_or_jsonl(args.attacks_file, "attacks") if args.attacks_file else []
+        )
         spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), queries, args.defense, secrets)
         if not attacks:
             raise audit.AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
@@ -211,23 +292,37 @@ def run_audit(args) -> int:
         return 1
     lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
     cells = len(args.policies) * 3 * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
-    print(f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
-          f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model}", flush=True)
+    print(
+        f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
+        f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model}",
+        flush=True,
+    )
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fairkv-audit-") as scratch, progress.Monitor(Path(scratch) / "state"):
-        result = audit.run(spec, lm, args.policies, args.ratios, attacks, max_new_tokens=args.max_new_tokens,
-                           batch_size=args.batch_size)
+        result = audit.run(
+            spec,
+            lm,
+            args.policies,
+            args.ratios,
+            attacks,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+        )
     result.show_secrets = args.show_secrets
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"audited in {progress.duration(time.monotonic() - began)}; report: {result.to_html(out / 'report.html')} "
-          f"and {result.to_json(out / 'report.json')}")
+    print(
+        f"audited in {progress.duration(time.monotonic() - began)}; report: {result.to_html(out / 'report.html')} "
+        f"and {result.to_json(out / 'report.json')}"
+    )
     print(result.verdict())
     print("".join(f"note: {note}\n" for note in result.notes), end="")
     leaking = result.leaking_cells(args.max_ratio)
     if args.fail_on_leak and not leaking.empty:
-        cells = "; ".join(f"{c.policy} {c.variant} r = {c.ratio:g}: {audit.rate_words(c.leak_rate, c.attacks)}"
-                          for c in leaking.itertuples())
+        cells = "; ".join(
+            f"{c.policy} {c.variant} r = {c.ratio:g}: {audit.rate_words(c.leak_rate, c.attacks)}"
+            for c in leaking.itertuples()
+        )
         bound = "" if args.max_ratio is None else f" at r <= {args.max_ratio:g}"
         print(f"fail on leak: {len(leaking)} cell(s) leak{bound}: {cells}")
         return 3

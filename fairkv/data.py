@@ -67,14 +67,18 @@ def data_file(relative: str) -> Path:
     root = data_dir()
     path = root / relative
     if not path.is_file():
-        raise DataError(f"missing data file {path} (looked under {root}; set {DATA_DIR_SETTING} to a folder laid "
-                        f"out as the repository's data/)")
+        raise DataError(
+            f"missing data file {path} (looked under {root}; set {DATA_DIR_SETTING} to a folder laid "
+            f"out as the repository's data/)"
+        )
     expected = CHECKSUMS.get(relative)
     if expected and path not in _verified:
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         if actual != expected:
-            raise DataError(f"{path} is not the reference file: sha256 {actual}, expected {expected} "
-                            f"(restore it from the repository's data/ or fix {DATA_DIR_SETTING})")
+            raise DataError(
+                f"{path} is not the reference file: sha256 {actual}, expected {expected} "
+                f"(restore it from the repository's data/ or fix {DATA_DIR_SETTING})"
+            )
         _verified.add(path)
     return path
 

@@ -108,7 +108,14 @@ def cut(
             return entry[kind]
 
         indices = choose(
-            scores, (batch, heads, n), ratio, variant, lam, spans, prompt.protected, keep_only_whitelist,
+            scores,
+            (batch, heads, n),
+            ratio,
+            variant,
+            lam,
+            spans,
+            prompt.protected,
+            keep_only_whitelist,
             reserved_positions(make_press(policy, ratio), n),
         ).to(keys.device)
         kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)

@@ -47,7 +47,11 @@ class Evaluation:
         rows = self.rows[self.rows["ratio"] == ratio]
         cut = lambda text: text if len(text) <= width else text[: width - 3] + "..."
         return pd.DataFrame(
-            {"policy": rows["policy"], "benign": rows["benign_response"].map(cut), "attack": rows["attack_response"].map(cut)}
+            {
+                "policy": rows["policy"],
+                "benign": rows["benign_response"].map(cut),
+                "attack": rows["attack_response"].map(cut),
+            }
         ).reset_index(drop=True)
 
 
@@ -60,8 +64,16 @@ def span_table(prompt: Prompt) -> pd.DataFrame:
     if prompt.protected:
         first, last = prompt.protected[0], prompt.protected[-1]
         text = prompt.tokenizer.decode(prompt.ids[0, first : last + 1])
-        rows.append({"span": "whitelist", "start": first, "end": last + 1, "tokens": len(prompt.protected),
-                     "begins": text[:40], "ends": text[-40:]})
+        rows.append(
+            {
+                "span": "whitelist",
+                "start": first,
+                "end": last + 1,
+                "tokens": len(prompt.protected),
+                "begins": text[:40],
+                "ends": text[-40:],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -71,7 +83,10 @@ def _row(record, prompt, compressed: Compressed, benign: Answer, attacked: Answe
         "n_prefix": prompt.n_tokens,
         **metrics.benign_scores(record, benign.text),
         **metrics.attack_scores(prompt.references, attacked.text, prompt.raw_references),
-        **{f"keep_{name}": rate for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
+        **{
+            f"keep_{name}": rate
+            for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()
+        },
         "benign_response": benign.text,
         "attack_response": attacked.text,
         "cut_s": compressed.seconds,

@@ -14,9 +14,8 @@ out one at a time to whichever worker is free, so a slow task never holds the ot
 Memory in this process (``Serial``): every serial run of a process shares one loaded model (``shared_model``), and
 the memory a finished task freed goes back to the operating system (``release_memory``). Without them a notebook
 kernel that runs study after study (notebook 11 at the cpu profile: 4 span counts, the attacks, 3 defense templates,
-each ``experiment.run`` loading its model) held 17.4 GB at its peak (``/usr/bin/time -v``): glibc keeps freed heap
-pages for reuse, so each task's peak stacked on what earlier tasks and model loads had freed (measured: a bfloat16
-Qwen2.5-Coder-1.5B loaded, dropped and loaded again left 3.4 GB resident; 0.6 GB after ``malloc_trim``).
+each ``experiment.run`` loading its model) stacks each task's peak on what earlier tasks and model loads freed: glibc
+keeps freed heap pages for reuse until ``malloc_trim`` returns them (the README's timings give the peaks measured).
 """
 
 from __future__ import annotations
@@ -80,10 +79,15 @@ class _Worker:
     def __init__(self, job, device: str | None):
         here = metrics.versions()
         if here != job.versions:
-            changed = {k: (job.versions.get(k), here.get(k)) for k in set(here) | set(job.versions)
-                       if here.get(k) != job.versions.get(k)}
-            raise ExecutorError(f"worker on {os.uname().nodename} has other library versions (driver, worker): "
-                                f"{changed}; install the same fairkv environment on every node")
+            changed = {
+                k: (job.versions.get(k), here.get(k))
+                for k in set(here) | set(job.versions)
+                if here.get(k) != job.versions.get(k)
+            }
+            raise ExecutorError(
+                f"worker on {os.uname().nodename} has other library versions (driver, worker): "
+                f"{changed}; install the same fairkv environment on every node"
+            )
         self.job, self.lm = job, job.load(device)
 
     def compute(self, task: list) -> list[dict]:
@@ -116,8 +120,10 @@ class RayExecutor:
         capacity = resources.get("GPU", 0) // gpus if gpus else resources.get("CPU", 0) // self.cpus_per_worker
         n_workers = min(len(tasks), self.workers or int(capacity))
         if n_workers < 1:
-            raise ExecutorError(f"the Ray cluster has no room for a worker needing {self.cpus_per_worker} CPU and "
-                                f"{gpus} GPU (free: {resources})")
+            raise ExecutorError(
+                f"the Ray cluster has no room for a worker needing {self.cpus_per_worker} CPU and "
+                f"{gpus} GPU (free: {resources})"
+            )
         worker = ray.remote(_Worker).options(
             num_cpus=self.cpus_per_worker, num_gpus=gpus, max_restarts=self.retries, max_task_retries=self.retries
         )
@@ -137,8 +143,10 @@ class RayExecutor:
                 try:
                     rows = ray.get(ready)
                 except ray.exceptions.RayError as error:
-                    raise ExecutorError(f"a Ray worker failed beyond {self.retries} restarts: {error}; the rows "
-                                        "computed so far are in the store, rerun to compute the rest") from error
+                    raise ExecutorError(
+                        f"a Ray worker failed beyond {self.retries} restarts: {error}; the rows "
+                        "computed so far are in the store, rerun to compute the rest"
+                    ) from error
                 give(actor)
                 yield rows
         finally:

@@ -101,8 +101,10 @@ class Grid:
             raise GridError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         for query in self.queries:
             if query not in QUERIES and not query.startswith(data.ATTACK_QUERY):
-                raise GridError(f"unknown query kind {query!r}: use one of {', '.join(QUERIES)} or "
-                                f"'{data.ATTACK_QUERY}<suite>/<category>/<name>'")
+                raise GridError(
+                    f"unknown query kind {query!r}: use one of {', '.join(QUERIES)} or "
+                    f"'{data.ATTACK_QUERY}<suite>/<category>/<name>'"
+                )
 
     def tokens_for(self, query: str) -> int:
         if query == "keep":
@@ -140,12 +142,21 @@ class Grid:
 
 PROFILES: dict[str, Grid] = {
     "ci": Grid(
-        n_prompts=4, ratios=(0.0, 0.3, 0.5, 0.7), max_new_tokens=32,
+        n_prompts=4,
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        max_new_tokens=32,
         note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
     ),
     "cpu": Grid(
-        model="qwen2.5-coder-1.5b", n_prompts=100, orders=("normal", "flipped"), ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
-        max_new_tokens=128, benign_tokens=256, variants=("base", "whitelist", "fair"), dtype="bfloat16", batch_size=128,
+        model="qwen2.5-coder-1.5b",
+        n_prompts=100,
+        orders=("normal", "flipped"),
+        ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        max_new_tokens=128,
+        benign_tokens=256,
+        variants=("base", "whitelist", "fair"),
+        dtype="bfloat16",
+        batch_size=128,
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
         "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
         "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
@@ -154,9 +165,15 @@ PROFILES: dict[str, Grid] = {
         "ratios their claims read (0.4, 0.6)",
     ),
     "paper": Grid(
-        model="meta-llama/Llama-3.1-8B-Instruct", n_prompts=None, orders=("normal", "flipped"),
-        variants=("base", "whitelist", "fair"), ratios=tuple(round(0.1 * i, 1) for i in range(10)),
-        max_new_tokens=256, benign_tokens=1280, dtype="bfloat16", batch_size=16,
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        n_prompts=None,
+        orders=("normal", "flipped"),
+        variants=("base", "whitelist", "fair"),
+        ratios=tuple(round(0.1 * i, 1) for i in range(10)),
+        max_new_tokens=256,
+        benign_tokens=1280,
+        dtype="bfloat16",
+        batch_size=16,
         note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens, bfloat16; needs a GPU",
     ),
 }
@@ -175,9 +192,19 @@ def cell_id(identity: dict) -> str:
 
 def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, setting: Setting, query: str) -> dict:
     return {
-        "model": lm_name, "checksum": checksum, "int8": grid.int8, "dtype": grid.dtype, "dataset": grid.dataset,
-        "key": record.key, "order": order, "policy": setting.policy or "none", "variant": setting.variant,
-        "lam": setting.lam, "ratio": setting.ratio, "query": query, "max_new_tokens": grid.tokens_for(query),
+        "model": lm_name,
+        "checksum": checksum,
+        "int8": grid.int8,
+        "dtype": grid.dtype,
+        "dataset": grid.dataset,
+        "key": record.key,
+        "order": order,
+        "policy": setting.policy or "none",
+        "variant": setting.variant,
+        "lam": setting.lam,
+        "ratio": setting.ratio,
+        "query": query,
+        "max_new_tokens": grid.tokens_for(query),
         "metrics": metrics.METRICS_VERSION,
         **({"template": grid.template} if grid.template else {}),  # absent for the order's template: ids unchanged
     }
@@ -204,16 +231,21 @@ class Job:
     versions: dict
 
     def load(self, device: str | None = None) -> models.LoadedModel:
-        return models.load_model(self.grid.model, int8=self.grid.int8, dtype=getattr(torch, self.grid.dtype),
-                                 device=device)
+        return models.load_model(
+            self.grid.model, int8=self.grid.int8, dtype=getattr(torch, self.grid.dtype), device=device
+        )
 
     def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
         return _compute(lm, self.grid, task, self.templates, self.attacks, self.versions)
 
 
 def run(
-    grid: Grid, folder: Path | None = None, progress: bool = True, lm: models.LoadedModel | None = None,
-    executor="serial", wait: bool = True,
+    grid: Grid,
+    folder: Path | None = None,
+    progress: bool = True,
+    lm: models.LoadedModel | None = None,
+    executor="serial",
+    wait: bool = True,
 ) -> pd.DataFrame:
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
     and query; r = 0 rows repeated under every policy and variant).
@@ -226,8 +258,10 @@ def run(
     When cells are missing, the run holds the store's compute lock (``ResultsStore.computing``): if another process
     computes the same store, it waits for it and reuses its rows (``wait=False``: raises ``StoreBusy`` naming it)."""
     if lm is not None and lm.model.dtype != getattr(torch, grid.dtype):
-        raise GridError(f"the model passed in runs in {lm.model.dtype}, the grid asks for {grid.dtype}: rows of "
-                        "another precision are never mixed; load it with that dtype or set the grid's dtype")
+        raise GridError(
+            f"the model passed in runs in {lm.model.dtype}, the grid asks for {grid.dtype}: rows of "
+            "another precision are never mixed; load it with that dtype or set the grid's dtype"
+        )
     store = store_for(grid, folder)
     records = data.load_records(grid.dataset)
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
@@ -264,8 +298,11 @@ def _plan(grid: Grid, records, checksum, done: dict, versions: dict, store: Resu
     for first in range(0, len(units), group):
         task = []
         for record, order in units[first : first + group]:
-            ids = {(s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
-                   for s in settings for q in grid.queries}
+            ids = {
+                (s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
+                for s in settings
+                for q in grid.queries
+            }
             for cid in set(ids.values()) & done.keys():
                 _check_versions(done[cid], versions, store)
             missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
@@ -281,7 +318,8 @@ def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
     if row.get("versions") != current:
         stored = row.get("versions") or {}
         changed = ", ".join(
-            f"{name} {stored.get(name)} (now {current.get(name)})" for name in sorted(set(stored) | set(current))
+            f"{name} {stored.get(name)} (now {current.get(name)})"
+            for name in sorted(set(stored) | set(current))
             if stored.get(name) != current.get(name)
         )
         raise StoreError(
@@ -301,15 +339,18 @@ def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions:
         prompt = prompts.prompt_for(lm.tokenizer, record, templates, order, grid.template)
         policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
         prefilled = engine.prefill(lm, prompt, policies)
-        cuts = {s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)}
+        cuts = {
+            s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)
+        }
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
     text = {**attacks, "benign": None}
     todo = [item for item in items if item[6] != "keep"]
     if todo:
         pairs = [(c, p.query_ids(text[q] or r.user)) for r, _, p, _, _, c, q, _ in todo]
-        answers = generation.answer_batch(lm, pairs, [grid.tokens_for(item[6]) for item in todo],
-                                          batch_size=grid.batch_size)
+        answers = generation.answer_batch(
+            lm, pairs, [grid.tokens_for(item[6]) for item in todo], batch_size=grid.batch_size
+        )
         rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(todo, answers)]
     return rows
 
@@ -320,14 +361,20 @@ def _row(grid: Grid, lm, item, versions: dict, reply: generation.Answer | None =
     row = {
         "cell_id": cid,
         **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
-        "n_prefix": prompt.n_tokens, "span_tokens": {span.name: len(span) for span in prompt.spans},
+        "n_prefix": prompt.n_tokens,
+        "span_tokens": {span.name: len(span) for span in prompt.spans},
         **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
-        "prefill_s": prefilled.seconds, "cut_s": compressed.seconds, "versions": versions,
+        "prefill_s": prefilled.seconds,
+        "cut_s": compressed.seconds,
+        "versions": versions,
     }
     if reply is not None:
         row.update({"response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds})
-        row.update(metrics.benign_scores(record, reply.text) if query == "benign"
-                   else metrics.attack_scores(prompt.references, reply.text, prompt.raw_references))
+        row.update(
+            metrics.benign_scores(record, reply.text)
+            if query == "benign"
+            else metrics.attack_scores(prompt.references, reply.text, prompt.raw_references)
+        )
     return row
 
 

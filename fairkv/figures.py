@@ -23,8 +23,13 @@ from fairkv.presses import get_policy
 
 # One colour per policy and one per variant in every figure (colour-blind safe, Okabe-Ito); a figure coloured by
 # variant never uses a policy's meaning of a colour and the reverse.
-POLICY_COLOURS = {"StreamingLLM": "#0072B2", "H2O": "#D55E00", "SnapKV": "#56B4E9", "TOVA": "#CC79A7",
-                  "K-Norm": "#000000"}
+POLICY_COLOURS = {
+    "StreamingLLM": "#0072B2",
+    "H2O": "#D55E00",
+    "SnapKV": "#56B4E9",
+    "TOVA": "#CC79A7",
+    "K-Norm": "#000000",
+}
 VARIANT_COLOURS = {"base": "#7F7F7F", "whitelist": "#E69F00", "fair": "#009E73", "fair+whitelist": "#F0E442"}
 
 
@@ -54,7 +59,9 @@ def save(fig: plt.Figure, name: str, folder: Path | None = None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{name}.{ext}" for ext in ("png", "pdf")]
     for path in paths:
-        fig.savefig(path, bbox_inches="tight", dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None)
+        fig.savefig(
+            path, bbox_inches="tight", dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None
+        )
     return paths
 
 
@@ -85,8 +92,11 @@ def plotted(fig: plt.Figure) -> str:
             values.append(cells)
     flat = np.concatenate(values) if values else np.array([])
     flat = flat[np.isfinite(flat)]
-    return "plotted: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + (
-        f"; mean value {flat.mean():.4f}" if flat.size else "")
+    return (
+        "plotted: "
+        + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        + (f"; mean value {flat.mean():.4f}" if flat.size else "")
+    )
 
 
 def publish(fig: plt.Figure, name: str, folder: Path):
@@ -108,7 +118,9 @@ def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digit
     """Write ``name``.csv and ``name``.md under ``folder``/tables (default: the figures directory's); a pivoted
     table's two-level column names are written as one ("refused 0.5"), not as tuples."""
     if isinstance(table.columns, pd.MultiIndex):
-        table = table.set_axis([" ".join(str(part) for part in column if str(part)) for column in table.columns], axis=1)
+        table = table.set_axis(
+            [" ".join(str(part) for part in column if str(part)) for column in table.columns], axis=1
+        )
     folder = (Path(folder) if folder is not None else figures_dir()) / "tables"
     folder.mkdir(parents=True, exist_ok=True)
     csv, markdown = folder / f"{name}.csv", folder / f"{name}.md"
@@ -183,8 +195,18 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
         data = rows.dropna(subset=[column]) if column in rows else rows.iloc[:0]
         data = data.assign(ratio=data["ratio"] + data[hue].map(dodge))
         sns.lineplot(
-            data=data, x="ratio", y=column, hue=hue, marker="o", ax=ax, errorbar=("ci", 95), n_boot=1000, seed=0,
-            legend=ax is axes[-1], palette=palette(hue), hue_order=everyone,
+            data=data,
+            x="ratio",
+            y=column,
+            hue=hue,
+            marker="o",
+            ax=ax,
+            errorbar=("ci", 95),
+            n_boot=1000,
+            seed=0,
+            legend=ax is axes[-1],
+            palette=palette(hue),
+            hue_order=everyone,
         )
         drawn = list(dict.fromkeys(data[hue]))
         only = f", {', '.join(drawn)} only" if len(drawn) < len(everyone) else ""
@@ -203,8 +225,11 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
 COMPLIANCE_PANELS = {"refused": "defense obeyed (refusal rate)", "leaked": f"leak rate (ROUGE-L > {LEAK_THRESHOLD})"}
 
 
-REFERENCES = {"directive": "directive", "defense": "defense (without its scripted reply)",
-              "defense_raw": "defense (whole template)"}
+REFERENCES = {
+    "directive": "directive",
+    "defense": "defense (without its scripted reply)",
+    "defense_raw": "defense (whole template)",
+}
 
 
 def leakage_figure(rows: pd.DataFrame, title: str, hue: str = "policy", reference: str = "directive") -> plt.Figure:
@@ -237,26 +262,49 @@ def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
     label = {name: f"{name} (n = {count(name, 'single')} / {count(name, 'multi')})" for name in counts.index}
     labelled = accuracy.assign(**{"class": accuracy["class"].map(label)})
     long = labelled.melt(
-        id_vars=["prompts", "class", "ratio"], value_vars=["accuracy", "normalised"], var_name="scale", value_name="value"
+        id_vars=["prompts", "class", "ratio"],
+        value_vars=["accuracy", "normalised"],
+        var_name="scale",
+        value_name="value",
     )
     grid = sns.relplot(
-        data=long, x="ratio", y="value", hue="class", row="prompts", col="scale", kind="line", marker="o",
-        height=2.8, aspect=1.4, facet_kws={"sharey": False}, row_order=["single", "multi"], col_order=["accuracy", "normalised"],
+        data=long,
+        x="ratio",
+        y="value",
+        hue="class",
+        row="prompts",
+        col="scale",
+        kind="line",
+        marker="o",
+        height=2.8,
+        aspect=1.4,
+        facet_kws={"sharey": False},
+        row_order=["single", "multi"],
+        col_order=["accuracy", "normalised"],
     )
     grid.set_titles("{row_name}-instruction prompts, {col_name}")
-    colours = {text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)}
+    colours = {
+        text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)
+    }
     for (kind, scale), ax in grid.axes_dict.items():
         if scale == "accuracy":  # the raw accuracy's 95% Wilson band per class (``analysis.class_accuracy``)
             for name, line in labelled[labelled["prompts"] == kind].sort_values("ratio").groupby("class"):
-                ax.fill_between(line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1,
-                                linewidth=0)
+                ax.fill_between(
+                    line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1, linewidth=0
+                )
         ax.set_xlabel("compression ratio r")
         ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
         if scale == "normalised":
             lost = accuracy[(accuracy["prompts"] == kind) & (accuracy["ratio"] == 0.0) & (accuracy["accuracy"] == 0.0)]
             if not lost.empty:
-                ax.text(0.02, 0.02, "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])), fontsize=6,
-                        transform=ax.transAxes, va="bottom")
+                ax.text(
+                    0.02,
+                    0.02,
+                    "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])),
+                    fontsize=6,
+                    transform=ax.transAxes,
+                    va="bottom",
+                )
     grid.legend.set_title("class (n instructions: single / multi)")
     suptitle(grid.figure, title)
     return grid.figure
@@ -270,8 +318,9 @@ def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figu
     if {"low", "high"} <= set(rhos.columns):  # ``analysis.spearman_intervals``: a 95% band per line
         colours = {line.get_label(): line.get_color() for line in ax.get_legend().get_lines()}
         for name, line in rhos.sort_values("ratio").groupby(hue):
-            ax.fill_between(line["ratio"], line["low"], line["high"], color=colours.get(str(name)), alpha=0.15,
-                            linewidth=0)
+            ax.fill_between(
+                line["ratio"], line["low"], line["high"], color=colours.get(str(name)), alpha=0.15, linewidth=0
+            )
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))  # beside the panel, never over the curves
     ax.set_xlabel("compression ratio r")
     ax.set_ylabel("Spearman rho vs r = 0")
@@ -283,13 +332,26 @@ def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figu
 def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     """Figs 7 and 10: keep rate of the defense and the directive span vs r; columns policies, rows orders."""
     long = _label_policies(rows).melt(
-        id_vars=["key", "policy", "order", "ratio"], value_vars=["keep_defense", "keep_directive"],
-        var_name="span", value_name="keep rate",
+        id_vars=["key", "policy", "order", "ratio"],
+        value_vars=["keep_defense", "keep_directive"],
+        var_name="span",
+        value_name="keep rate",
     )
     long["span"] = long["span"].str.removeprefix("keep_")
     grid = sns.relplot(
-        data=long, x="ratio", y="keep rate", hue="span", col="policy", row="order", kind="line", marker="o",
-        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.5, aspect=1.0,
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        col="policy",
+        row="order",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.5,
+        aspect=1.0,
     )
     grid.set_axis_labels("compression ratio r", "keep rate")
     grid.set_titles("{col_name}, {row_name} order")
@@ -297,20 +359,42 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     return grid.figure
 
 
-def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str,
-                   ylim: tuple[float, float] | None = None) -> plt.Figure:
+def variant_figure(
+    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] | None = None
+) -> plt.Figure:
     """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
     (columns, named above), one line per variant; ``ylim`` for every row, else 0-1 and a row whose means all stay
     small on its own scale (``_scale``)."""
-    long = _label_policies(rows).melt(
-        id_vars=["key", "policy", "variant", "ratio"], value_vars=list(columns), var_name="metric", value_name="value"
-    ).dropna(subset=["value"])
+    long = (
+        _label_policies(rows)
+        .melt(
+            id_vars=["key", "policy", "variant", "ratio"],
+            value_vars=list(columns),
+            var_name="metric",
+            value_name="value",
+        )
+        .dropna(subset=["value"])
+    )
     present = [column for column in columns if (long["metric"] == column).any()]  # a metric no row carries: no panels
     long["metric"] = long["metric"].map(columns)
     grid = sns.relplot(
-        data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
-        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, row_order=[columns[c] for c in present],
-        palette=palette("variant"), facet_kws={"sharey": "row"}, hue_order=_in_order(long["variant"], "variant"),
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="policy",
+        row="metric",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.4,
+        aspect=1.0,
+        row_order=[columns[c] for c in present],
+        palette=palette("variant"),
+        facet_kws={"sharey": "row"},
+        hue_order=_in_order(long["variant"], "variant"),
         col_order=_in_order(long["policy"], "policy"),
     )
     grid.set_axis_labels("compression ratio r", "")
@@ -325,8 +409,16 @@ def variant_figure(rows: pd.DataFrame, columns: dict[str, str], title: str,
         axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
         for ax in axes:
             if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
-                ax.text(0.5, 0.5, "not run at\nthis profile", ha="center", va="center", fontsize=8, color="grey",
-                        transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not run at\nthis profile",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="grey",
+                    transform=ax.transAxes,
+                )
         for ax in axes if row else ():
             ax.set_title("")  # the policy is named above the first row only
     suptitle(grid.figure, title)
@@ -347,21 +439,46 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "direct
     colours = dict(zip(lams, sns.color_palette("viridis", len(lams))))
     sizes = dict(zip(lams, np.linspace(260, 30, len(lams))))
     markers = dict(zip(plane["policy"].unique(), LAMBDA_MARKERS))
-    fig, axes = plt.subplots(len(orders), len(ratios), figsize=(2.8 * len(ratios), 2.8 * len(orders) + 0.4),
-                             sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(orders),
+        len(ratios),
+        figsize=(2.8 * len(ratios), 2.8 * len(orders) + 0.4),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+    )
     for row, order in enumerate(orders):
         for ax, ratio in zip(axes[row], ratios):
             frame = plane[(plane["ratio"] == ratio) & (plane["order"] == order)]
             for policy, points in frame.sort_values("lam").groupby("policy", sort=False):
                 ax.plot(points["leakage"], points["accuracy"], color="0.7", linewidth=0.8, zorder=1)
                 for point in points.itertuples():
-                    ax.scatter(point.leakage, point.accuracy, s=sizes[point.lam], marker=markers[policy],
-                               facecolors="none", edgecolors=[colours[point.lam]], linewidths=1.6, zorder=2)
+                    ax.scatter(
+                        point.leakage,
+                        point.accuracy,
+                        s=sizes[point.lam],
+                        marker=markers[policy],
+                        facecolors="none",
+                        edgecolors=[colours[point.lam]],
+                        linewidths=1.6,
+                        zorder=2,
+                    )
             ax.set_title(f"{order} order, r = {ratio:g}", fontsize=8)
             ax.set_xlabel("directive leakage" if row == len(orders) - 1 else "")
         axes[row][0].set_ylabel(accuracy)
-    handles = [plt.Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor=colours[lam],
-                          markersize=np.sqrt(sizes[lam]), label=f"lambda = {lam:g}") for lam in lams]
+    handles = [
+        plt.Line2D(
+            [],
+            [],
+            marker="o",
+            linestyle="",
+            markerfacecolor="none",
+            markeredgecolor=colours[lam],
+            markersize=np.sqrt(sizes[lam]),
+            label=f"lambda = {lam:g}",
+        )
+        for lam in lams
+    ]
     handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.3", label=policy) for policy, m in markers.items()]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
     suptitle(fig, title)
@@ -370,7 +487,8 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "direct
 
 
 RUNTIME_PANELS = {
-    "compress_per_100": "compression s / 100 prefix tokens", "decode_per_100": "decoding s / 100 new tokens",
+    "compress_per_100": "compression s / 100 prefix tokens",
+    "decode_per_100": "decoding s / 100 new tokens",
     "throughput": "decoding throughput (tok/s)",
 }
 
@@ -383,8 +501,19 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     )
     long["metric"] = long["metric"].map(RUNTIME_PANELS)
     grid = sns.relplot(
-        data=long, x="ratio", y="value", hue="variant", col="policy", row="metric", kind="line", marker="o",
-        estimator="median", errorbar=("pi", 50), height=2.4, aspect=1.1, row_order=list(RUNTIME_PANELS.values()),
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="policy",
+        row="metric",
+        kind="line",
+        marker="o",
+        estimator="median",
+        errorbar=("pi", 50),
+        height=2.4,
+        aspect=1.1,
+        row_order=list(RUNTIME_PANELS.values()),
         palette=palette("variant"),
         facet_kws={"sharey": "row"},
     )
@@ -397,12 +526,28 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
 def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     """N instruction spans: keep rate and compliance per span vs r (rows), one column per span count, one line per
     variant (means over spans and prompts, 95% bootstrap intervals)."""
-    long = spans.melt(id_vars=["n_spans", "variant", "ratio"], value_vars=["keep_rate", "compliance"],
-                      var_name="metric", value_name="value")
+    long = spans.melt(
+        id_vars=["n_spans", "variant", "ratio"],
+        value_vars=["keep_rate", "compliance"],
+        var_name="metric",
+        value_name="value",
+    )
     long["metric"] = long["metric"].map({"keep_rate": "keep rate", "compliance": "compliance"})
     grid = sns.relplot(
-        data=long, x="ratio", y="value", hue="variant", col="n_spans", row="metric", kind="line", marker="o",
-        errorbar=("ci", 95), n_boot=1000, seed=0, height=2.4, aspect=1.0, palette=palette("variant"),
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="n_spans",
+        row="metric",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.4,
+        aspect=1.0,
+        palette=palette("variant"),
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name} spans: {row_name}", size=8)
@@ -417,8 +562,17 @@ def budget_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: t["kept_tokens"].round(-1).clip(upper=60))
     compressed = compressed.rename(columns={"n_spans": "spans in the prompt"})
     grid = sns.relplot(
-        data=compressed, x="kept", y="compliance", hue="spans in the prompt", col="variant", kind="line", marker="o",
-        errorbar=None, palette="viridis", height=2.8, aspect=1.2,
+        data=compressed,
+        x="kept",
+        y="compliance",
+        hue="spans in the prompt",
+        col="variant",
+        kind="line",
+        marker="o",
+        errorbar=None,
+        palette="viridis",
+        height=2.8,
+        aspect=1.2,
     )
     grid.set_axis_labels("tokens kept in the span\n(rounded to 10, 60 = 60+)", "compliance")
     grid.set(ylim=(-0.05, 1.05))
@@ -431,8 +585,17 @@ def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> 
     prompts and the category's attacks."""
     table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
     fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
-    sns.heatmap(table, vmin=0, vmax=1, cmap="rocket_r", annot=True, fmt=".2f", annot_kws={"size": 7}, ax=ax,
-                cbar_kws={"label": label})
+    sns.heatmap(
+        table,
+        vmin=0,
+        vmax=1,
+        cmap="rocket_r",
+        annot=True,
+        fmt=".2f",
+        annot_kws={"size": 7},
+        ax=ax,
+        cbar_kws={"label": label},
+    )
     ax.set_xlabel("variant, compression ratio r")
     ax.set_ylabel("")
     ax.set_title(title, fontsize=9)
@@ -448,8 +611,14 @@ def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
         part = table[table["order"] == order].set_index("press").reindex(presses)
         y = range(len(presses))
         colours = [POLICY_COLOURS.get(p, "#7F7F7F") for p in presses]
-        ax.errorbar(part["bias"], y, xerr=[part["bias"] - part["low"], part["high"] - part["bias"]], fmt="none",
-                    ecolor=colours, elinewidth=1.5)
+        ax.errorbar(
+            part["bias"],
+            y,
+            xerr=[part["bias"] - part["low"], part["high"] - part["bias"]],
+            fmt="none",
+            ecolor=colours,
+            elinewidth=1.5,
+        )
         ax.scatter(part["bias"], y, c=colours, zorder=3, s=18)
         ax.axvline(0, color="black", linewidth=0.8)
         first = "defense" if order == "normal" else "directive"
@@ -465,11 +634,28 @@ def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
 def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) -> plt.Figure:
     """Notebook 12: keep rate of the defense and the directive vs r, one panel per press in the order of ``presses``
     (the bias ranking), both orders (line styles)."""
-    long = curves.melt(id_vars=["press", "order", "ratio"], value_vars=["keep_defense", "keep_directive"],
-                       var_name="span", value_name="keep rate")
+    long = curves.melt(
+        id_vars=["press", "order", "ratio"],
+        value_vars=["keep_defense", "keep_directive"],
+        var_name="span",
+        value_name="keep rate",
+    )
     long["span"] = long["span"].str.removeprefix("keep_")
-    grid = sns.relplot(data=long, x="ratio", y="keep rate", hue="span", style="order", col="press", col_wrap=6,
-                       col_order=presses, kind="line", marker="o", markersize=3, height=1.8, aspect=1.0)
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        style="order",
+        col="press",
+        col_wrap=6,
+        col_order=presses,
+        kind="line",
+        marker="o",
+        markersize=3,
+        height=1.8,
+        aspect=1.0,
+    )
     grid.set_axis_labels("r", "keep rate")
     grid.set_titles("{col_name}", size=8)
     suptitle(grid.figure, title)

@@ -18,9 +18,22 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 RESULT_CODE = (
-    "data.py", "prompts.py", "engine.py", "generation.py", "attention.py", "metrics.py", "models.py", "experiment.py",
-    "longbench.py", "multispan.py", "presses/__init__.py", "presses/budget.py", "presses/recording.py",
-    "presses/registry.py", "presses/scoring.py", "presses/selection.py",
+    "data.py",
+    "prompts.py",
+    "engine.py",
+    "generation.py",
+    "attention.py",
+    "metrics.py",
+    "models.py",
+    "experiment.py",
+    "longbench.py",
+    "multispan.py",
+    "presses/__init__.py",
+    "presses/budget.py",
+    "presses/recording.py",
+    "presses/registry.py",
+    "presses/scoring.py",
+    "presses/selection.py",
 )
 
 
@@ -28,7 +41,11 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 node.body = node.body[1:] or [ast.Pass()]
     return tree
 

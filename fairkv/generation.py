@@ -167,7 +167,10 @@ def _start(lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], indice
         positions[row, q_len - q :] = torch.arange(compressed.n_prefix, compressed.n_prefix + q)
     mask, positions = mask.to(device), positions.to(device)
     logits = lm.model(
-        input_ids=input_ids.to(device), past_key_values=cache, attention_mask=mask, position_ids=positions,
+        input_ids=input_ids.to(device),
+        past_key_values=cache,
+        attention_mask=mask,
+        position_ids=positions,
         logits_to_keep=1,
     ).logits[:, -1]
     return _Running(cache, mask, positions[:, -1:] + 1, logits, list(indices))
@@ -225,8 +228,10 @@ def _decode(lm, items, budgets, capacity, waiting, generated, pad_id, stops, sto
                 running = new
             else:
                 running.join(new)
-        progress_note(f"decoding {len(running.items)} answers at once, {len(items) - len(waiting) - len(running.items)} "
-                      f"of {len(items)} finished, {produced} tokens so far")
+        progress_note(
+            f"decoding {len(running.items)} answers at once, {len(items) - len(waiting) - len(running.items)} "
+            f"of {len(items)} finished, {produced} tokens so far"
+        )
         produced += len(running.items)
         tokens = running.logits.argmax(dim=-1)
         going = []  # rows whose sequence goes on
@@ -242,7 +247,9 @@ def _decode(lm, items, budgets, capacity, waiting, generated, pad_id, stops, sto
             tokens = tokens[going]
         running.mask = torch.cat([running.mask, running.mask.new_ones(len(running.items), 1)], dim=1)
         running.logits = lm.model(
-            input_ids=tokens.unsqueeze(1), past_key_values=running.cache, attention_mask=running.mask,
+            input_ids=tokens.unsqueeze(1),
+            past_key_values=running.cache,
+            attention_mask=running.mask,
             position_ids=running.positions,
         ).logits[:, -1]
         running.positions = running.positions + 1

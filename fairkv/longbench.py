@@ -64,8 +64,12 @@ def record_from_row(row: dict, where: str) -> TrecRecord:
     if not row["answers"] or not row["all_classes"]:
         raise LongBenchError(f"{where} (_id {row['_id']}): empty answers or all_classes")
     return TrecRecord(
-        key=str(row["_id"]), system=f"{INSTRUCTION}\n\n{row['context'].strip()}", user=row["input"].strip(),
-        answers=tuple(row["answers"]), all_classes=tuple(row["all_classes"]), length=int(row["length"]),
+        key=str(row["_id"]),
+        system=f"{INSTRUCTION}\n\n{row['context'].strip()}",
+        user=row["input"].strip(),
+        answers=tuple(row["answers"]),
+        all_classes=tuple(row["all_classes"]),
+        length=int(row["length"]),
     )
 
 
@@ -134,8 +138,10 @@ def datasets(profile: str, buckets=None) -> tuple[list[str], bool, str]:
         files = trec_files()
     except LongBenchError as error:
         buckets = buckets or ("1k",)  # a pipeline check needs no more than the shortest bucket
-        note = (f"REAL DATA ABSENT. {error}. Running on fairkv's synthetic TREC file instead ({', '.join(buckets)} "
-                "words bucket): its numbers test the pipeline, not the paper's claims.")
+        note = (
+            f"REAL DATA ABSENT. {error}. Running on fairkv's synthetic TREC file instead ({', '.join(buckets)} "
+            "words bucket): its numbers test the pipeline, not the paper's claims."
+        )
         return [f"synthetic_trec_{b}" for b in buckets], False, note
     buckets = buckets or PROFILE_BUCKETS.get(profile, tuple(BUCKETS))
     return [f"trec_{b}" for b in buckets], True, f"LongBench TREC from {', '.join(map(str, files))}"
@@ -155,15 +161,39 @@ def score(record: TrecRecord, response: str) -> float:
 
 # The synthetic file: questions and types authored for fairkv (not TREC's), in LongBench's format.
 SYNTHETIC_BANK = {
-    "Abbreviation": ["What does NASA stand for?", "What is the full form of UNESCO?", "What does the abbreviation DNA mean?"],
-    "Animal": ["What animal is known as the ship of the desert?", "Which bird can fly backwards?", "What mammal lays eggs?"],
+    "Abbreviation": [
+        "What does NASA stand for?",
+        "What is the full form of UNESCO?",
+        "What does the abbreviation DNA mean?",
+    ],
+    "Animal": [
+        "What animal is known as the ship of the desert?",
+        "Which bird can fly backwards?",
+        "What mammal lays eggs?",
+    ],
     "City": ["What is the capital of Peru?", "Which city hosts the Louvre?", "What city is called the Big Apple?"],
-    "Country": ["Which country has the most islands?", "What nation is home to the kiwi bird?", "Which country borders both France and Austria?"],
-    "Date": ["When did the Berlin Wall fall?", "In what year did the first moon landing happen?", "When was the printing press invented?"],
-    "Definition of something": ["What is photosynthesis?", "What is a sonnet?", "What does inflation mean in economics?"],
+    "Country": [
+        "Which country has the most islands?",
+        "What nation is home to the kiwi bird?",
+        "Which country borders both France and Austria?",
+    ],
+    "Date": [
+        "When did the Berlin Wall fall?",
+        "In what year did the first moon landing happen?",
+        "When was the printing press invented?",
+    ],
+    "Definition of something": [
+        "What is photosynthesis?",
+        "What is a sonnet?",
+        "What does inflation mean in economics?",
+    ],
     "Individual": ["Who painted the Mona Lisa?", "Who wrote Pride and Prejudice?", "Who discovered penicillin?"],
     "Manner of an action": ["How do bees make honey?", "How is glass made?", "How do you tie a bowline knot?"],
-    "Number of something": ["How many bones are in the human body?", "How many moons does Mars have?", "How many keys does a piano have?"],
+    "Number of something": [
+        "How many bones are in the human body?",
+        "How many moons does Mars have?",
+        "How many keys does a piano have?",
+    ],
     "Reason": ["Why is the sky blue?", "Why do leaves change color in autumn?", "Why do cats purr?"],
 }
 
@@ -183,11 +213,18 @@ def _synthetic_text(per_bucket: int, seed: int) -> str:
             question, kind = rng.choice(examples)
             context = "\n".join(lines)
             digest = hashlib.sha256(f"{context}\n{question}".encode()).hexdigest()[:8]  # new content, new cells
-            rows.append({
-                "input": question, "context": context, "answers": [kind], "length": words,
-                "dataset": "trec", "language": "en", "all_classes": list(SYNTHETIC_BANK),
-                "_id": f"synthetic-{bucket}-{index}-{digest}",
-            })
+            rows.append(
+                {
+                    "input": question,
+                    "context": context,
+                    "answers": [kind],
+                    "length": words,
+                    "dataset": "trec",
+                    "language": "en",
+                    "all_classes": list(SYNTHETIC_BANK),
+                    "_id": f"synthetic-{bucket}-{index}-{digest}",
+                }
+            )
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 

@@ -242,7 +242,10 @@ def load_model(
         with _quiet_progress():
             tokenizer = AutoTokenizer.from_pretrained(folder)
             model = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=dtype, attn_implementation=attn_implementation, use_safetensors=True  # never pickles
+                folder,
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+                use_safetensors=True,  # never pickles
             )
     except OSError as error:
         raise ModelError(f"could not load model {name!r} from {folder}: {error}") from error

@@ -76,8 +76,12 @@ def compose(n_spans: int, index: int) -> SpanRecord:
         kwargs.append(checker.get_instruction_args() or {})
     segments = tuple((f"span{i + 1}", text) for i, text in enumerate(texts))
     return SpanRecord(
-        key=1_000_000 * n_spans + index, system="\n".join(texts), user=TASKS[index % len(TASKS)],
-        instruction_id_list=tuple(ids), kwargs=tuple(kwargs), segments=segments,
+        key=1_000_000 * n_spans + index,
+        system="\n".join(texts),
+        user=TASKS[index % len(TASKS)],
+        instruction_id_list=tuple(ids),
+        kwargs=tuple(kwargs),
+        segments=segments,
     )
 
 

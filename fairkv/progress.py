@@ -145,8 +145,9 @@ class Monitor:
             line = describe(state, time.monotonic() - self._started, self.doing())
             if live:
                 self.stream.write("\r\033[K  " + line)
-            elif time.monotonic() - printed_at >= self.every_s or (state != printed and (
-                    stopping or (state is not None and state["done"] >= state["total"]))):
+            elif time.monotonic() - printed_at >= self.every_s or (
+                state != printed and (stopping or (state is not None and state["done"] >= state["total"]))
+            ):
                 self.stream.write("  " + line + "\n")  # a minute passed, a loop finished, or the notebook ended
                 printed_at, printed = time.monotonic(), state
             self.stream.flush()

@@ -181,7 +181,10 @@ def without_scripted_reply(defense: str) -> str:
 
 
 def prompt_for(
-    tokenizer: PreTrainedTokenizerBase, record, templates: dict[str, str], order: str = "normal",
+    tokenizer: PreTrainedTokenizerBase,
+    record,
+    templates: dict[str, str],
+    order: str = "normal",
     template: str | None = None,
 ) -> Prompt:
     """The prompt a sweep compresses for ``record``: its own spans for a record with ``segments`` (N instruction

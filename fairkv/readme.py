@@ -19,7 +19,9 @@ import pandas as pd
 from fairkv import coverage, experiment, paper, verdicts
 
 PROFILE = "cpu"  # the profile whose results the README shows
-BEGIN = "<!-- results: written by `fairkv reproduce` from figures/cpu/ (fairkv.readme); edit the code, not this text -->"
+BEGIN = (
+    "<!-- results: written by `fairkv reproduce` from figures/cpu/ (fairkv.readme); edit the code, not this text -->"
+)
 END = "<!-- end of results -->"
 
 
@@ -31,8 +33,11 @@ def paper_claims(folder: Path) -> pd.DataFrame:
     """The paper's claims from the folder's paper-vs-us tables (not the notebooks beyond the paper, not claims of our
     own), with the notebook each comes from."""
     tables = sorted((Path(folder) / "tables").glob("*_paper_vs_us.csv"))
-    frames = [pd.read_csv(table, keep_default_na=False).assign(notebook=table.name[:2]) for table in tables
-              if table.name[:2] not in paper.BEYOND_THE_PAPER]
+    frames = [
+        pd.read_csv(table, keep_default_na=False).assign(notebook=table.name[:2])
+        for table in tables
+        if table.name[:2] not in paper.BEYOND_THE_PAPER
+    ]
     if not frames:
         raise ReadmeError(f"no paper-vs-us table under {Path(folder) / 'tables'}: run the notebooks first")
     claims = pd.concat(frames, ignore_index=True)
@@ -69,9 +74,18 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
     for row in claims.itertuples():
         target = coverage.first_file(folder, row.figure)
         shown = coverage.link(target, link_from) if target is not None else row.figure
-        rows.append({"notebook": row.notebook, "claim": row.claim, "paper": row.paper, "ours [95%]":
-                     row.ours.split("; ")[0], "n": row.n, "direction": row.verdict, "magnitude": row.magnitude,
-                     "figure": f"{row.figure}: {shown}" if target is not None else shown})
+        rows.append(
+            {
+                "notebook": row.notebook,
+                "claim": row.claim,
+                "paper": row.paper,
+                "ours [95%]": row.ours.split("; ")[0],
+                "n": row.n,
+                "direction": row.verdict,
+                "magnitude": row.magnitude,
+                "figure": f"{row.figure}: {shown}" if target is not None else shown,
+            }
+        )
     return pd.DataFrame(rows).to_markdown(index=False)
 
 

@@ -48,15 +48,31 @@ class Plan:
 
 
 PLANS = {
-    "ci": Plan("smollm2-135m", ratios=(0.5,), repeats=2,
-               note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline"),
-    "cpu": Plan("qwen2.5-coder-1.5b", repeats=10, dtype="bfloat16", note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
-                "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
-                "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
-                "measures all five policies"),
-    "paper": Plan("meta-llama/Llama-3.1-8B-Instruct", policies=tuple(POLICIES),
-                  ratios=tuple(round(0.1 * i, 1) for i in range(1, 10)), n_prompts=5, repeats=10, new_tokens=256,
-                  dtype="bfloat16", note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9"),
+    "ci": Plan(
+        "smollm2-135m",
+        ratios=(0.5,),
+        repeats=2,
+        note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline",
+    ),
+    "cpu": Plan(
+        "qwen2.5-coder-1.5b",
+        repeats=10,
+        dtype="bfloat16",
+        note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
+        "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
+        "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
+        "measures all five policies",
+    ),
+    "paper": Plan(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        policies=tuple(POLICIES),
+        ratios=tuple(round(0.1 * i, 1) for i in range(1, 10)),
+        n_prompts=5,
+        repeats=10,
+        new_tokens=256,
+        dtype="bfloat16",
+        note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9",
+    ),
 }
 
 
@@ -81,13 +97,17 @@ def timings(chosen: Plan, profile: str, remeasure: bool = False, progress: bool 
     if path.exists() and not remeasure:
         kept = pd.read_csv(path)
         if set(kept["plan"]) == {key}:
-            print(f"timings: {(~kept['warmup']).sum()} timed measurements read from {path.name} (measured "
-                  f"{kept['measured'].iloc[0]}; remeasure=True times them again)")
+            print(
+                f"timings: {(~kept['warmup']).sum()} timed measurements read from {path.name} (measured "
+                f"{kept['measured'].iloc[0]}; remeasure=True times them again)"
+            )
             return kept.drop(columns=["plan", "measured"])
         print(f"timings: {path.name} holds another plan's timings: measuring this plan's")
     measured = run(chosen, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    measured.assign(plan=key, measured=pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC")).to_csv(path, index=False)
+    measured.assign(plan=key, measured=pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC")).to_csv(
+        path, index=False
+    )
     print(f"timings: measured now, stored in {path.name}")
     return measured
 
@@ -98,13 +118,27 @@ def run(chosen: Plan, progress: bool = True) -> pd.DataFrame:
     templates = data.load_defense_templates()
     records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=chosen.n_prompts)
     cases = [(prompts.paper_prompt(lm.tokenizer, record, templates), record.user) for record in records]
-    return measure(lm, cases, chosen.policies, chosen.ratios, repeats=chosen.repeats, new_tokens=chosen.new_tokens,
-                   progress=progress)
+    return measure(
+        lm,
+        cases,
+        chosen.policies,
+        chosen.ratios,
+        repeats=chosen.repeats,
+        new_tokens=chosen.new_tokens,
+        progress=progress,
+    )
 
 
 def measure(
-    lm: models.LoadedModel, cases: list[tuple[Prompt, str]], policies=("h2o",), ratios=(0.25, 0.5, 0.75),
-    variants=VARIANTS, repeats: int = 5, warmup: int = 1, new_tokens: int = 64, progress: bool = True,
+    lm: models.LoadedModel,
+    cases: list[tuple[Prompt, str]],
+    policies=("h2o",),
+    ratios=(0.25, 0.5, 0.75),
+    variants=VARIANTS,
+    repeats: int = 5,
+    warmup: int = 1,
+    new_tokens: int = 64,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """One row per (round, prompt, policy, ratio, variant): prefix tokens, compression and decoding seconds.
     ``cases`` are (prompt, user query) pairs; rounds < 0 are the warm-up (kept in the frame, flagged)."""
@@ -116,11 +150,20 @@ def measure(
             for index, (prompt, query), policy, ratio, variant in work:
                 compressed = generation.compress(lm, prompt, policy, ratio, variant)
                 reply = generation.answer(lm, compressed, prompt.query_ids(query), new_tokens, stop_at_eos=False)
-                rows.append({
-                    "round": round_, "warmup": round_ < 0, "prompt": index, "policy": policy, "ratio": ratio,
-                    "variant": variant, "n_prefix": prompt.n_tokens, "compress_s": compressed.seconds,
-                    "new_tokens": reply.n_tokens, "decode_s": reply.seconds,
-                })
+                rows.append(
+                    {
+                        "round": round_,
+                        "warmup": round_ < 0,
+                        "prompt": index,
+                        "policy": policy,
+                        "ratio": ratio,
+                        "variant": variant,
+                        "n_prefix": prompt.n_tokens,
+                        "compress_s": compressed.seconds,
+                        "new_tokens": reply.n_tokens,
+                        "decode_s": reply.seconds,
+                    }
+                )
                 bar.update()
     return pd.DataFrame(rows)
 

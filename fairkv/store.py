@@ -40,8 +40,18 @@ from typing import Iterable
 SCHEMA = 1
 SEGMENT_BYTES = 32 * 2**20  # rows (uncompressed) per sealed segment: about 3 MB of gzip, far under git hosts' limits
 # file systems whose locks are not shared between the machines that mount them (or not implemented)
-UNLOCKABLE_FILESYSTEMS = ("cifs", "smb3", "smbfs", "9p", "vboxsf", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse",
-                          "fuse.rclone", "fuse.goofys")
+UNLOCKABLE_FILESYSTEMS = (
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "vboxsf",
+    "fuse.sshfs",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.rclone",
+    "fuse.goofys",
+)
 
 
 class StoreError(RuntimeError):
@@ -251,7 +261,9 @@ class ResultsStore:
                 holder = Holder.read(self.lock_path.read_text())
                 message = f"{self.path} is being computed by {holder or 'another process'}"
                 if not wait:
-                    raise StoreBusy(f"{message}; wait for it, or use another results folder (FAIRKV_RESULTS_DIR)") from None
+                    raise StoreBusy(
+                        f"{message}; wait for it, or use another results folder (FAIRKV_RESULTS_DIR)"
+                    ) from None
                 say(f"{message}: waiting for it to finish, then its rows are reused (interrupt to stop waiting)")
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as error:
@@ -276,8 +288,12 @@ class ResultsStore:
         lines, tail = self.lines()
         cells = {row.get("cell_id") for row in lines}
         report = {
-            "path": str(self.path), "lines": len(lines), "cells": len(cells), "duplicates": len(lines) - len(cells),
-            "unterminated_tail_bytes": tail, "other_schema": sum(row.get("schema") != SCHEMA for row in lines),
+            "path": str(self.path),
+            "lines": len(lines),
+            "cells": len(cells),
+            "duplicates": len(lines) - len(cells),
+            "unterminated_tail_bytes": tail,
+            "other_schema": sum(row.get("schema") != SCHEMA for row in lines),
         }
         if versions is not None:
             latest = {row.get("cell_id"): row for row in lines}.values()
@@ -296,10 +312,16 @@ class ResultsStore:
             latest = {row.get("cell_id"): row for row in lines}
             staging = self.path.with_name(self.path.name + ".compacting")
             with open(staging, "wb") as handle:
-                handle.writelines((json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode()
-                                  for row in latest.values())
+                handle.writelines(
+                    (json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode() for row in latest.values()
+                )
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(staging, self.path)
-        return {"path": str(self.path), "lines_before": len(lines), "lines_after": len(latest),
-                "removed_duplicates": len(lines) - len(latest), "removed_tail_bytes": tail}
+        return {
+            "path": str(self.path),
+            "lines_before": len(lines),
+            "lines_after": len(latest),
+            "removed_duplicates": len(lines) - len(latest),
+            "removed_tail_bytes": tail,
+        }

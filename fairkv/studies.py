@@ -1,6 +1,6 @@
 """What each notebook computes: a study names the axes its figures need, a profile sets the scale.
 
-``grid(study, profile, **overrides)`` layers the configuration (STYLE.md, habit 6): the profile's grid
+``grid(study, profile, **overrides)`` layers the configuration: the profile's grid
 (``experiment.PROFILES``), then the study's axes (which orders, variants, lambdas and query kinds the paper's figures
 use), then the profile's scale for that study (``SCALE``: prompts, ratios, policies), then the notebook's explicit
 papermill overrides (None means "keep"; an explicit ``max_new_tokens`` caps the benign query too). Cells are keyed by
@@ -49,18 +49,27 @@ STUDIES: dict[str, Study] = {
     "keep_rates": Study("04", "Pitfall 5: Figs 7, 10", dict(orders=BOTH_ORDERS, variants=BASE, queries=("keep",))),
     "whitelist": Study("05", "Whitelisting: Figs 8, 13 (left)", dict(variants=("base", "whitelist"))),
     "fair": Study("06", "Fair eviction: Figs 9, 13 (right), Table 1", dict(variants=("base", "whitelist", "fair"))),
-    "fair_flipped": Study("06", "Fair eviction, flipped order: Fig 14", dict(orders=("flipped",), variants=("base", "fair"))),
+    "fair_flipped": Study(
+        "06", "Fair eviction, flipped order: Fig 14", dict(orders=("flipped",), variants=("base", "fair"))
+    ),
     "debias": Study("07", "Debiasing: Figs 15-16, Table 3", dict(variants=("fair",), lams=LAMBDAS)),
     # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.longbench); LongBench
     # generates at most 64 tokens for TREC
-    "trec": Study("08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)),
+    "trec": Study(
+        "08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)
+    ),
     # Appendices G-H on LongBench TREC (the first bucket): SnapKV and TOVA, lambda 0-1
-    "trec_debias": Study("08", "LongBench TREC debiasing: Figs 17-18, Table 4",
-                         dict(dataset="trec_1k", variants=("fair",), lams=LAMBDAS, policies=("snapkv", "tova"),
-                              benign_tokens=64)),
+    "trec_debias": Study(
+        "08",
+        "LongBench TREC debiasing: Figs 17-18, Table 4",
+        dict(dataset="trec_1k", variants=("fair",), lams=LAMBDAS, policies=("snapkv", "tova"), benign_tokens=64),
+    ),
     # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.multispan); compliance needs the benign query only
-    "spans": Study("11", "beyond the paper: N instruction spans", dict(dataset="spans_2", variants=("base", "fair"),
-                                                                    queries=("benign",))),
+    "spans": Study(
+        "11",
+        "beyond the paper: N instruction spans",
+        dict(dataset="spans_2", variants=("base", "fair"), queries=("benign",)),
+    ),
     # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries)
     "attacks": Study("11", "beyond the paper: many attacks", dict(variants=("base", "whitelist", "fair"))),
     # one defense template per run (the notebook passes template=...); the paper's attack
@@ -98,8 +107,9 @@ SCALE: dict[str, dict[str, dict]] = {
         "fair": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
         "fair_flipped": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
         "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
-        "trec_debias": dict(n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0),
-                            benign_tokens=16),
+        "trec_debias": dict(
+            n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0), benign_tokens=16
+        ),
         # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points, short answers: the attack study's
         # cost is its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one
         # has 412 tokens), so 8 at a time
@@ -120,7 +130,9 @@ SCALE: dict[str, dict[str, dict]] = {
         # Figs 8-9 and Table 1 are normal order (Fig 14, flipped, is fair_flipped's); accuracy at Table 1's ratios
         "whitelist": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
         "fair": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
-        "fair_flipped": dict(ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))),
+        "fair_flipped": dict(
+            ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))
+        ),
         # Appendix G-H, Figs 15-18: StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage at every point
         "debias": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
         # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies, 50 prompts
@@ -128,12 +140,15 @@ SCALE: dict[str, dict[str, dict]] = {
         "trec_debias": dict(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
         # notebook 11: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per attack category,
         # 50 per defense template
-        "spans": dict(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128),
+        "spans": dict(
+            n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
+        ),
         "attacks": dict(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
         # 64 answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
         # prompts held until its batch drains) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v)
-        "defenses": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS,
-                         batch_size=64),
+        "defenses": dict(
+            n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, batch_size=64
+        ),
     },
     "paper": {
         # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set
@@ -201,12 +216,15 @@ def results_folder(profile: str) -> Path:
     return results_dir() / profile
 
 
-def run(name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, executor="serial",
-        **overrides):
+def run(
+    name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, executor="serial", **overrides
+):
     """(grid, rows) of study ``name``: compute what the results store (``folder``, default ``results_folder``)
     lacks for each of the study's ``parts`` (with ``executor``, see ``experiment.run``), return the study's rows."""
     folder = folder or results_folder(profile)
-    rows = [experiment.run(part, folder, progress=progress, executor=executor) for part in parts(name, profile, **overrides)]
+    rows = [
+        experiment.run(part, folder, progress=progress, executor=executor) for part in parts(name, profile, **overrides)
+    ]
     return grid(name, profile, **overrides), pd.concat(rows, ignore_index=True)
 
 
@@ -229,8 +247,10 @@ def describe(name: str, chosen: experiment.Grid, rows: pd.DataFrame) -> str:
 
 def _prompts(rows: pd.DataFrame) -> str:
     """How many prompts the rows hold, per query kind when the kinds ran on different prompts or orders."""
-    per_query = {query: (frame["key"].nunique(), tuple(sorted(frame["order"].unique())))
-                 for query, frame in rows.groupby("query")}
+    per_query = {
+        query: (frame["key"].nunique(), tuple(sorted(frame["order"].unique())))
+        for query, frame in rows.groupby("query")
+    }
     if len(set(per_query.values())) <= 1:
         return f"{rows['key'].nunique()} prompts"
     return "prompts per query " + ", ".join(f"{q}: {n} ({'/'.join(o)})" for q, (n, o) in per_query.items())

@@ -163,8 +163,10 @@ def difference(a: pd.Series, b: pd.Series) -> Estimate:
     Both must hold the same prompts: a comparison on different prompts is not like for like."""
     a, b = a.dropna(), b.dropna()
     if set(a.index) != set(b.index):
-        raise VerdictError(f"a paired comparison needs the same prompts on both sides: {len(set(a.index) ^ set(b.index))} "
-                           f"prompts are on one side only")
+        raise VerdictError(
+            f"a paired comparison needs the same prompts on both sides: {len(set(a.index) ^ set(b.index))} "
+            f"prompts are on one side only"
+        )
     if not len(a):
         raise VerdictError("no prompts to compare")
     if a.index.has_duplicates or b.index.has_duplicates:
@@ -205,8 +207,13 @@ def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kin
 
 def all_magnitudes(magnitudes: list[str]) -> str:
     """A quantity of several parts (a ranking): matches when every part does, differs when any does, else n.a."""
-    return DIFFERS if DIFFERS in magnitudes else MATCHES if magnitudes and all(m == MATCHES for m in magnitudes) \
+    return (
+        DIFFERS
+        if DIFFERS in magnitudes
+        else MATCHES
+        if magnitudes and all(m == MATCHES for m in magnitudes)
         else NOT_APPLICABLE
+    )
 
 
 def all_of(verdicts: list[str]) -> str:

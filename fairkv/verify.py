@@ -57,9 +57,11 @@ class Report:
         return [cell for cell in self.differing if cell not in self.near_ties]
 
     def __str__(self) -> str:
-        lines = [f"{self.store}: {self.identical} of {self.sampled} rows recomputed identically, "
-                 f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps), "
-                 f"{len(self.defects)} differ otherwise"]
+        lines = [
+            f"{self.store}: {self.identical} of {self.sampled} rows recomputed identically, "
+            f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps), "
+            f"{len(self.defects)} differ otherwise"
+        ]
         for cell, fields in self.differing.items():
             tie = f" after a near tie: {self.near_ties[cell]}" if cell in self.near_ties else ""
             lines.append(f"  {cell}: differs in {', '.join(fields)}{tie}")
@@ -73,10 +75,22 @@ def cell_grid(row: dict) -> experiment.Grid:
         raise VerifyError(f"cell {row['cell_id']}: prompt {row['key']} is not in {row['dataset']}")
     tokens = max(1, int(row["max_new_tokens"]))  # keep rows decode nothing (0): any budget gives their identity
     return experiment.Grid(
-        model=row["model"], dataset=row["dataset"], start=keys.index(row["key"]), n_prompts=1, orders=(row["order"],),
-        policies=(row["policy"] if row["policy"] != "none" else "streamingllm",), variants=(row["variant"],),
-        lams=(row["lam"],), ratios=(row["ratio"],), queries=(row["query"],), max_new_tokens=tokens,
-        benign_tokens=tokens, int8=row["int8"], dtype=row["dtype"], template=row.get("template"), batch_size=1,
+        model=row["model"],
+        dataset=row["dataset"],
+        start=keys.index(row["key"]),
+        n_prompts=1,
+        orders=(row["order"],),
+        policies=(row["policy"] if row["policy"] != "none" else "streamingllm",),
+        variants=(row["variant"],),
+        lams=(row["lam"],),
+        ratios=(row["ratio"],),
+        queries=(row["query"],),
+        max_new_tokens=tokens,
+        benign_tokens=tokens,
+        int8=row["int8"],
+        dtype=row["dtype"],
+        template=row.get("template"),
+        batch_size=1,
     )
 
 
@@ -93,13 +107,17 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True) -> Rep
         raise VerifyError(f"{path} holds no rows")
     strangers = sum(not SWEEP_IDENTITY <= row.keys() for row in rows)
     if strangers:
-        raise VerifyError(f"{path}: {strangers} of {len(rows)} rows are not a sweep's rows (no "
-                          f"{', '.join(sorted(SWEEP_IDENTITY))}): fairkv verify recomputes fairkv.experiment's rows")
+        raise VerifyError(
+            f"{path}: {strangers} of {len(rows)} rows are not a sweep's rows (no "
+            f"{', '.join(sorted(SWEEP_IDENTITY))}): fairkv verify recomputes fairkv.experiment's rows"
+        )
     code = metrics.versions()["code"]
     foreign = sum(row.get("versions", {}).get("code") != code for row in rows)
     if foreign:
-        raise VerifyError(f"{path}: {foreign} of {len(rows)} rows were computed by other result code than this "
-                          f"checkout's ({code}, fairkv.fingerprint); check out the code that computed them")
+        raise VerifyError(
+            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than this "
+            f"checkout's ({code}, fairkv.fingerprint); check out the code that computed them"
+        )
     chosen = random.Random(seed).sample(rows, min(sample, len(rows)))
     report = Report(str(path), len(chosen))
     models = {}
@@ -114,8 +132,10 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True) -> Rep
             experiment.run(grid, folder, progress=False, lm=lm)
             fresh = experiment.store_for(grid, folder).rows()
             if row["cell_id"] not in fresh:
-                raise VerifyError(f"cell {row['cell_id']}: its rebuilt grid computes cell(s) {sorted(fresh)}; this "
-                                  "code cannot rebuild the row's identity")
+                raise VerifyError(
+                    f"cell {row['cell_id']}: its rebuilt grid computes cell(s) {sorted(fresh)}; this "
+                    "code cannot rebuild the row's identity"
+                )
             changed = differences(row, fresh[row["cell_id"]])
             if changed:
                 report.differing[row["cell_id"]] = changed
@@ -155,14 +175,19 @@ def near_tie(lm, job: experiment.Job, row: dict, response: str) -> str | None:
     cache = copy.deepcopy(compressed.cache)
     positions = torch.arange(prompt.n_tokens, prompt.n_tokens + ids.shape[1], device=lm.device)[None]
     mask = torch.ones(1, cache.get_seq_length() + ids.shape[1], dtype=torch.long, device=lm.device)
-    logits = lm.model(input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask,
-                      logits_to_keep=1).logits[0, -1].float()
+    logits = (
+        lm.model(input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask, logits_to_keep=1)
+        .logits[0, -1]
+        .float()
+    )
     end = max(generation.stop_token_ids(lm), key=lambda token: logits[token].item())
     a, b = (tokens[part] if part < len(tokens) else end for tokens in (stored, fresh))
     step = torch.finfo(getattr(torch, row["dtype"])).eps * 2.0 ** torch.floor(torch.log2(logits[[a, b]].abs().max()))
     steps = abs(logits[a] - logits[b]).item() / step.item()
     if steps > TIE_STEPS:
         return None
-    return (f"token {part}: {tokenizer.decode([a])!r} (stored) vs {tokenizer.decode([b])!r} (recomputed), logits "
-            f"{logits[a].item():.4g} vs {logits[b].item():.4g}, {steps:.0f} {row['dtype']} "
-            f"step{'' if round(steps) == 1 else 's'} apart")
+    return (
+        f"token {part}: {tokenizer.decode([a])!r} (stored) vs {tokenizer.decode([b])!r} (recomputed), logits "
+        f"{logits[a].item():.4g} vs {logits[b].item():.4g}, {steps:.0f} {row['dtype']} "
+        f"step{'' if round(steps) == 1 else 's'} apart"
+    )

@@ -1,5 +1,5 @@
 """Whitelist and fair eviction for the presses the score-once engine cannot take, and their attack side (beyond the
-paper; issue 20, items 2-3).
+paper).
 
 After LagKV, the most biased presses of the atlas (notebook 12) are kvpress's wrappers around SnapKV: CriticalKV,
 Block64, AdaKV and CriticalAdaKV. The engine scores a press once and cuts the top-k of those scores at every ratio
@@ -30,11 +30,10 @@ Rows: ``attack`` computes an ``atlas.attack_grid`` of presses ``register``-ed he
 task plan, row fields and collection (``fairkv.experiment``), one prefill per prompt for every setting, into a store
 of their own (``store_path``) whose rows carry the code fingerprint extended by this module, ``anypress`` and
 ``atlas`` (``versions``): never mixed with the engine's rows. They run at the grid's precision, the profile's as for
-every other row (cpu: bfloat16). Measured on the first 4 prompts of notebook 12's four wrapped presses, model loaded
-(``benchmarks/results/wrappers_precision_qwen.txt``): on an AVX512-BF16 CPU 24.9 s per prompt in bfloat16 against
-40.2 s in float32, refusals within 1 of 12 per press and ratio; on a CPU without bfloat16 arithmetic (AMD EPYC Zen 3,
-AVX2) bfloat16 took 209 s per prompt and float32 64 s: there ``dtype="float32"`` is the faster choice, a precision of
-its own (part of every cell's identity, so never mixed with bfloat16 rows).
+every other row (cpu: bfloat16). bfloat16 against float32 on notebook 12's four wrapped presses, in time per prompt
+and refusals, is ``benchmarks/wrappers_precision.py``'s to measure (``benchmarks/results/wrappers_precision_qwen.txt``):
+on a CPU without bfloat16 arithmetic ``dtype="float32"`` is the faster choice, a precision of its own (part of every
+cell's identity, so never mixed with bfloat16 rows).
 """
 
 from __future__ import annotations
@@ -141,8 +140,9 @@ class _SpanKeeper:
         return mask.float()
 
 
-def kept_mask(entry: atlas.Entry, variant: str, ratio: float, spans, protected, model, module, hidden_states, keys,
-              values, kwargs) -> torch.Tensor:
+def kept_mask(
+    entry: atlas.Entry, variant: str, ratio: float, spans, protected, model, module, hidden_states, keys, values, kwargs
+) -> torch.Tensor:
     """(batch, kv_heads, n) positions ``entry``'s press keeps in this layer in ``variant`` (base, whitelist, fair,
     fair+whitelist; see the module doc) at ``ratio``."""
     batch, heads, n, _ = keys.shape
@@ -189,11 +189,24 @@ class _Masks(BasePress):
         for setting in self.settings:
             entry = entry_of(setting.policy)
             try:
-                mask = kept_mask(entry, setting.variant, setting.ratio, self.spans, self.prompt.protected, self.model,
-                                 module, hidden_states, keys, values, kwargs)
+                mask = kept_mask(
+                    entry,
+                    setting.variant,
+                    setting.ratio,
+                    self.spans,
+                    self.prompt.protected,
+                    self.model,
+                    module,
+                    hidden_states,
+                    keys,
+                    values,
+                    kwargs,
+                )
             except atlas.PRESS_FAILURES as error:
-                raise atlas.AtlasError(f"{entry.label} ({setting.variant}, r = {setting.ratio}) raised on this prompt "
-                                       f"in layer {module.layer_idx}: {error}") from error
+                raise atlas.AtlasError(
+                    f"{entry.label} ({setting.variant}, r = {setting.ratio}) raised on this prompt "
+                    f"in layer {module.layer_idx}: {error}"
+                ) from error
             self.masks[setting].append(mask)
         return keys, values
 
@@ -219,8 +232,16 @@ def compressed(lm: models.LoadedModel, prompt: prompts.Prompt, settings: list[ex
                 keys = keys.masked_fill(~mask.unsqueeze(-1), float("nan"))
                 kept[layer] = kept_indices(mask.cpu())
             masked.update(keys, entry.values, layer)
-        out[setting] = generation.Compressed(masked, prompt.n_tokens, kept, time.perf_counter() - start,
-                                             setting.policy, setting.ratio, setting.variant, setting.lam)
+        out[setting] = generation.Compressed(
+            masked,
+            prompt.n_tokens,
+            kept,
+            time.perf_counter() - start,
+            setting.policy,
+            setting.ratio,
+            setting.variant,
+            setting.lam,
+        )
     return out, prefill_s
 
 
@@ -277,13 +298,15 @@ def _compute(lm, grid: experiment.Grid, work, templates, attacks: dict[str, str]
         items += [(record, order, prompt, timed, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     pairs = [(item[5], item[2].query_ids(attacks[item[6]])) for item in items]
     with head_masking(lm.model):
-        answers = generation.answer_batch(lm, pairs, [grid.tokens_for(item[6]) for item in items],
-                                          batch_size=grid.batch_size)
+        answers = generation.answer_batch(
+            lm, pairs, [grid.tokens_for(item[6]) for item in items], batch_size=grid.batch_size
+        )
     return [experiment._row(grid, lm, item, current, reply) for item, reply in zip(items, answers)]
 
 
-def attack(grid: experiment.Grid, folder: Path, progress: bool = True,
-           lm: models.LoadedModel | None = None) -> pd.DataFrame:
+def attack(
+    grid: experiment.Grid, folder: Path, progress: bool = True, lm: models.LoadedModel | None = None
+) -> pd.DataFrame:
     """The attack rows of ``grid`` (an ``atlas.attack_grid`` of ``register``-ed keys): computes what the store lacks
     (``experiment.run``'s plan and resumption: a killed run loses at most the task in progress), returns the grid's
     rows as ``experiment.run`` does."""

@@ -129,7 +129,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("model")
         if fixtures & DATA_FIXTURES or item.path.name == "test_data.py":
             item.add_marker("data")
-    slow, model = ({worker_group(item.nodeid) for item in items if item.get_closest_marker(m)} for m in ("slow", "model"))
+    slow, model = (
+        {worker_group(item.nodeid) for item in items if item.get_closest_marker(m)} for m in ("slow", "model")
+    )
     items.sort(key=lambda item: group_rank(worker_group(item.nodeid), slow, model))  # stable: in-group order kept
 
 

@@ -13,8 +13,13 @@ from pathlib import Path
 import pandas as pd
 
 GRID = dict(
-    n_prompts=4, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
-    lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8, batch_size=5,  # 5 settings: one prompt per group
+    n_prompts=4,
+    policies=("streamingllm", "snapkv"),
+    variants=("base", "fair"),
+    lams=(0.0, 1.0),
+    ratios=(0.0, 0.5),
+    max_new_tokens=8,
+    batch_size=5,  # 5 settings: one prompt per group
 )
 TIMINGS = ["prefill_s", "cut_s", "decode_s", "versions"]
 
@@ -29,8 +34,12 @@ SWEEP = textwrap.dedent(f"""
 def sweep(folder: Path, out=None, wait: bool = True) -> subprocess.Popen:
     """The sweep into ``folder`` in a child process; its stdout to ``out`` (a file) when given."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-c", SWEEP, str(folder), "wait" if wait else "fail"], env=env,
-                            stdout=out, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", SWEEP, str(folder), "wait" if wait else "fail"],
+        env=env,
+        stdout=out,
+        stderr=subprocess.PIPE,
+    )
 
 
 def complete_lines(path: Path) -> list[str]:

@@ -10,8 +10,16 @@ from fairkv.paths import results_dir
 
 
 def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
-    return {"policy": policy, "variant": variant, "lam": lam, "order": order, "ratio": ratio, "query": query, "key": key,
-            **fields}
+    return {
+        "policy": policy,
+        "variant": variant,
+        "lam": lam,
+        "order": order,
+        "ratio": ratio,
+        "query": query,
+        "key": key,
+        **fields,
+    }
 
 
 def test_composite_and_table1_by_hand():
@@ -46,20 +54,31 @@ def test_pareto_frequency_by_hand():
     lambda better on both axes) leaves lambda 0 optimal, "weak" (no worse on both, better on one) does not.
     strict: 0 -> 1/2, 0.5 -> 1/2, 1 -> 1; weak: 0 -> 0, 0.5 -> 1/2, 1 -> 1 (with r = 0 counted: 2/3, 2/3, 1 and 1/3,
     2/3, 1)."""
-    points = {(0.0, 0.0): (0.5, 0.1), (0.5, 0.0): (0.5, 0.1), (1.0, 0.0): (0.5, 0.1),
-              (0.0, 0.5): (0.5, 0.5), (0.5, 0.5): (0.7, 0.4), (1.0, 0.5): (0.6, 0.2),
-              (0.0, 0.7): (0.6, 0.3), (0.5, 0.7): (0.5, 0.4), (1.0, 0.7): (0.6, 0.1)}
+    points = {
+        (0.0, 0.0): (0.5, 0.1),
+        (0.5, 0.0): (0.5, 0.1),
+        (1.0, 0.0): (0.5, 0.1),
+        (0.0, 0.5): (0.5, 0.5),
+        (0.5, 0.5): (0.7, 0.4),
+        (1.0, 0.5): (0.6, 0.2),
+        (0.0, 0.7): (0.6, 0.3),
+        (0.5, 0.7): (0.5, 0.4),
+        (1.0, 0.7): (0.6, 0.1),
+    }
     rows = []
     for (lam, ratio), (acc, leak) in points.items():
         rows.append(_row(variant="fair", lam=lam, ratio=ratio, prompt_strict=acc))
         rows.append(_row(variant="fair", lam=lam, ratio=ratio, query="attack", leak_directive=leak))
-    frequency = {rule: analysis.pareto_frequency(pd.DataFrame(rows), rule).set_index("lam")["frequency"].to_dict()
-                 for rule in analysis.PARETO_RULES}
+    frequency = {
+        rule: analysis.pareto_frequency(pd.DataFrame(rows), rule).set_index("lam")["frequency"].to_dict()
+        for rule in analysis.PARETO_RULES
+    }
     assert frequency["strict"] == pytest.approx({0.0: 1 / 2, 0.5: 1 / 2, 1.0: 1.0})
     assert frequency["weak"] == pytest.approx({0.0: 0.0, 0.5: 1 / 2, 1.0: 1.0})
     trec = pd.DataFrame(rows).rename(columns={"prompt_strict": "trec_score"})  # Table 4: LongBench TREC's accuracy
-    assert analysis.pareto_frequency(trec, "strict", "trec_score").set_index("lam")["frequency"].to_dict() == \
-        pytest.approx(frequency["strict"])
+    assert analysis.pareto_frequency(trec, "strict", "trec_score").set_index("lam")[
+        "frequency"
+    ].to_dict() == pytest.approx(frequency["strict"])
     from fairkv import paper
 
     claims = paper.debiasing(trec.assign(policy="snapkv"), "trec_score", "Table 4")
@@ -74,10 +93,12 @@ def test_class_accuracy_normalised_and_spearman():
     rho = -1; the class at 0 accuracy at r = 0 has no normalised value."""
     ids = ["keywords:a", "keywords:b", "length_constraints:a", "length_constraints:b", "punctuation:a", "punctuation:b"]
     at = {0.0: [1, 1, 1, 0, 0, 0], 0.5: [0, 0, 1, 0, 1, 1]}
-    rows = pd.DataFrame([
-        _row(ratio=ratio, key=1, instruction_ids=ids, strict_list=[bool(v) for v in outcome], prompt_strict=0.0)
-        for ratio, outcome in at.items()
-    ])
+    rows = pd.DataFrame(
+        [
+            _row(ratio=ratio, key=1, instruction_ids=ids, strict_list=[bool(v) for v in outcome], prompt_strict=0.0)
+            for ratio, outcome in at.items()
+        ]
+    )
     accuracy = analysis.class_accuracy(rows).set_index(["class", "ratio"])
     assert accuracy.loc[("keywords", 0.5), "accuracy"] == 0.0
     assert accuracy.loc[("length_constraints", 0.5), "normalised"] == pytest.approx(1.0)
@@ -86,8 +107,10 @@ def test_class_accuracy_normalised_and_spearman():
     rho = analysis.spearman(analysis.class_accuracy(rows)).set_index("ratio")["rho"]
     assert rho[0.0] == pytest.approx(1.0) and rho[0.5] == pytest.approx(-1.0)
     # the raw accuracy's Wilson band: 1 of 2 instructions followed
-    assert (accuracy.loc[("length_constraints", 0.0), "low"], accuracy.loc[("length_constraints", 0.0), "high"]) == \
-        pytest.approx((0.0945, 0.9055), abs=1e-3)
+    assert (
+        accuracy.loc[("length_constraints", 0.0), "low"],
+        accuracy.loc[("length_constraints", 0.0), "high"],
+    ) == pytest.approx((0.0945, 0.9055), abs=1e-3)
     # rho's band resamples prompts: one prompt reversed and one kept in order give rho -1 or 1 in every draw that
     # holds one of them alone, and the point in between when both are drawn
     kept = rows.assign(key=2, strict_list=[list(rows["strict_list"].iloc[0])] * 2)
@@ -114,131 +137,461 @@ def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
 BOTH = ("normal", "flipped")
 ALL5 = ("streamingllm", "h2o", "snapkv", "tova", "knorm")
 TEN = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-MODELS = {"ci": ("smollm2-135m", "float32"), "cpu": ("qwen2.5-coder-1.5b", "bfloat16"),
-          "paper": ("meta-llama/Llama-3.1-8B-Instruct", "bfloat16")}
+MODELS = {
+    "ci": ("smollm2-135m", "float32"),
+    "cpu": ("qwen2.5-coder-1.5b", "bfloat16"),
+    "paper": ("meta-llama/Llama-3.1-8B-Instruct", "bfloat16"),
+}
 # Every study's grid at every profile, written out: what each notebook computes (tokens: attack, benign override)
 GRIDS = {
     # ci
-    ("degradation", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('benign',), tokens=(32, None)),
-    ("policies", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('benign',), tokens=(32, None)),
-    ("leakage", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('benign', 'attack'), tokens=(32, None)),
-    ("keep_rates", "ci"): dict(dataset='sys_ifeval_shuffled', n=8, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('keep',), tokens=(32, None)),
-    ("whitelist", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(32, None)),
-    ("fair", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(32, None)),
-    ("fair_flipped", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('flipped',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('benign', 'attack'), tokens=(32, None)),
-    ("debias", "ci"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
-        variants=('fair',), lams=(0.0, 0.5, 1.0), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('benign', 'attack'), tokens=(32, None)),
-    ("trec", "ci"): dict(dataset='trec_1k', n=1, orders=('normal',), policies=('streamingllm', 'snapkv'),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
-        queries=('benign', 'attack'), tokens=(32, 16)),
-    ("trec_debias", "ci"): dict(dataset='trec_1k', n=1, orders=('normal',), policies=('snapkv',), variants=('fair',),
-        lams=(0.0, 0.5, 1.0), ratios=(0.0, 0.5, 0.7), queries=('benign', 'attack'), tokens=(32, 16)),
-    ("spans", "ci"): dict(dataset='spans_2', n=2, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7),
-        queries=('benign',), tokens=(32, 32)),
-    ("attacks", "ci"): dict(dataset='sys_ifeval_shuffled', n=1, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5),
-        queries=('benign', 'attack'), tokens=(16, None)),
-    ("defenses", "ci"): dict(dataset='sys_ifeval_shuffled', n=1, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7),
-        queries=('attack',), tokens=(32, None)),
+    ("degradation", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base",),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("benign",),
+        tokens=(32, None),
+    ),
+    ("policies", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("benign",),
+        tokens=(32, None),
+    ),
+    ("leakage", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, None),
+    ),
+    ("keep_rates", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=8,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("keep",),
+        tokens=(32, None),
+    ),
+    ("whitelist", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base", "whitelist"),
+        lams=(1.0,),
+        ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, None),
+    ),
+    ("fair", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, None),
+    ),
+    ("fair_flipped", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("flipped",),
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, None),
+    ),
+    ("debias", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("fair",),
+        lams=(0.0, 0.5, 1.0),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, None),
+    ),
+    ("trec", "ci"): dict(
+        dataset="trec_1k",
+        n=1,
+        orders=("normal",),
+        policies=("streamingllm", "snapkv"),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.5),
+        queries=("benign", "attack"),
+        tokens=(32, 16),
+    ),
+    ("trec_debias", "ci"): dict(
+        dataset="trec_1k",
+        n=1,
+        orders=("normal",),
+        policies=("snapkv",),
+        variants=("fair",),
+        lams=(0.0, 0.5, 1.0),
+        ratios=(0.0, 0.5, 0.7),
+        queries=("benign", "attack"),
+        tokens=(32, 16),
+    ),
+    ("spans", "ci"): dict(
+        dataset="spans_2",
+        n=2,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.5, 0.7),
+        queries=("benign",),
+        tokens=(32, 32),
+    ),
+    ("attacks", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=1,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.5),
+        queries=("benign", "attack"),
+        tokens=(16, None),
+    ),
+    ("defenses", "ci"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=1,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        queries=("attack",),
+        tokens=(32, None),
+    ),
     # cpu
-    ("degradation", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=('streamingllm',),
-        variants=('base',), lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(128, 256)),
-    ("policies", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9), queries=('benign',), tokens=(128, 256)),
-    ("leakage", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=(0.0, 0.3, 0.5, 0.7, 0.9), queries=('benign', 'attack'),
-        tokens=(128, 256)),
-    ("keep_rates", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN, queries=('keep',), tokens=(128, 256)),
-    ("whitelist", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(128, 256)),
-    ("fair", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal',), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(128, 256)),
-    ("fair_flipped", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('flipped',), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'),
-        tokens=(128, 256)),
-    ("debias", "cpu"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'),
-        policies=('streamingllm',), variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'), tokens=(128, 256)),
-    ("trec", "cpu"): dict(dataset='trec_1k', n=50, orders=('normal',), policies=('streamingllm', 'snapkv'),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('benign', 'attack'),
-        tokens=(128, 64)),
-    ("trec_debias", "cpu"): dict(dataset='trec_1k', n=50, orders=('normal',), policies=('snapkv', 'tova'),
-        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(128, 64)),
-    ("spans", "cpu"): dict(dataset='spans_2', n=10, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.5, 0.7), queries=('benign',), tokens=(128, 128)),
-    ("attacks", "cpu"): dict(dataset='sys_ifeval_shuffled', n=2, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.5), queries=('benign', 'attack'),
-        tokens=(128, 256)),
-    ("defenses", "cpu"): dict(dataset='sys_ifeval_shuffled', n=50, orders=('normal',), policies=('streamingllm',),
-        variants=('base', 'fair'), lams=(1.0,), ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7), queries=('attack',),
-        tokens=(128, 256)),
-    ("degradation", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal',), policies=('streamingllm',),
-        variants=('base',), lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(256, 1280)),
-    ("policies", "paper"): dict(dataset='sys_ifeval', n=None, orders=('normal',), policies=ALL5, variants=('base',),
-        lams=(1.0,), ratios=TEN, queries=('benign',), tokens=(256, 1280)),
-    ("leakage", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("keep_rates", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base',), lams=(1.0,), ratios=TEN,
-        queries=('keep',), tokens=(256, 1280)),
-    ("whitelist", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'whitelist'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("fair", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("fair_flipped", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('flipped',), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("debias", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=TEN,
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("trec", "paper"): dict(dataset='trec_1k', n=None, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
-        queries=('benign', 'attack'), tokens=(256, 64)),
-    ("trec_debias", "paper"): dict(dataset='trec_1k', n=None, orders=('normal', 'flipped'), policies=('snapkv', 'tova'),
-        variants=('fair',), lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0), ratios=TEN, queries=('benign', 'attack'),
-        tokens=(256, 64)),
-    ("spans", "paper"): dict(dataset='spans_2', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
-        queries=('benign',), tokens=(256, 1280)),
-    ("attacks", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'whitelist', 'fair'), lams=(1.0,), ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
-        queries=('benign', 'attack'), tokens=(256, 1280)),
-    ("defenses", "paper"): dict(dataset='sys_ifeval_shuffled', n=100, orders=('normal', 'flipped'), policies=ALL5,
-        variants=('base', 'fair'), lams=(1.0,), ratios=TEN,
-        queries=('attack',), tokens=(256, 1280)),
+    ("degradation", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=50,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign",),
+        tokens=(128, 256),
+    ),
+    ("policies", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=50,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        queries=("benign",),
+        tokens=(128, 256),
+    ),
+    ("leakage", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("keep_rates", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("keep",),
+        tokens=(128, 256),
+    ),
+    ("whitelist", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base", "whitelist"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("fair", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("fair_flipped", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("flipped",),
+        policies=ALL5,
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("debias", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=("streamingllm",),
+        variants=("fair",),
+        lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("trec", "cpu"): dict(
+        dataset="trec_1k",
+        n=50,
+        orders=("normal",),
+        policies=("streamingllm", "snapkv"),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 64),
+    ),
+    ("trec_debias", "cpu"): dict(
+        dataset="trec_1k",
+        n=50,
+        orders=("normal",),
+        policies=("snapkv", "tova"),
+        variants=("fair",),
+        lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(128, 64),
+    ),
+    ("spans", "cpu"): dict(
+        dataset="spans_2",
+        n=10,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.5, 0.7),
+        queries=("benign",),
+        tokens=(128, 128),
+    ),
+    ("attacks", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=2,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.5),
+        queries=("benign", "attack"),
+        tokens=(128, 256),
+    ),
+    ("defenses", "cpu"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=50,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("attack",),
+        tokens=(128, 256),
+    ),
+    ("degradation", "paper"): dict(
+        dataset="sys_ifeval",
+        n=None,
+        orders=("normal",),
+        policies=("streamingllm",),
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign",),
+        tokens=(256, 1280),
+    ),
+    ("policies", "paper"): dict(
+        dataset="sys_ifeval",
+        n=None,
+        orders=("normal",),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign",),
+        tokens=(256, 1280),
+    ),
+    ("leakage", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("keep_rates", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base",),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("keep",),
+        tokens=(256, 1280),
+    ),
+    ("whitelist", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "whitelist"),
+        lams=(1.0,),
+        ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("fair", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("fair_flipped", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("flipped",),
+        policies=ALL5,
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("debias", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("fair",),
+        lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        ratios=TEN,
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("trec", "paper"): dict(
+        dataset="trec_1k",
+        n=None,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign", "attack"),
+        tokens=(256, 64),
+    ),
+    ("trec_debias", "paper"): dict(
+        dataset="trec_1k",
+        n=None,
+        orders=("normal", "flipped"),
+        policies=("snapkv", "tova"),
+        variants=("fair",),
+        lams=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        ratios=TEN,
+        queries=("benign", "attack"),
+        tokens=(256, 64),
+    ),
+    ("spans", "paper"): dict(
+        dataset="spans_2",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("benign",),
+        tokens=(256, 1280),
+    ),
+    ("attacks", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "whitelist", "fair"),
+        lams=(1.0,),
+        ratios=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+        queries=("benign", "attack"),
+        tokens=(256, 1280),
+    ),
+    ("defenses", "paper"): dict(
+        dataset="sys_ifeval_shuffled",
+        n=100,
+        orders=("normal", "flipped"),
+        policies=ALL5,
+        variants=("base", "fair"),
+        lams=(1.0,),
+        ratios=TEN,
+        queries=("attack",),
+        tokens=(256, 1280),
+    ),
 }
 
 
 @pytest.mark.parametrize("name, profile", list(GRIDS))
 def test_every_study_grid_in_every_profile(name, profile):
     grid = studies.grid(name, profile)
-    got = dict(dataset=grid.dataset, n=grid.n_prompts, orders=grid.orders, policies=grid.policies,
-               variants=grid.variants, lams=grid.lams, ratios=grid.ratios, queries=grid.queries,
-               tokens=(grid.max_new_tokens, grid.benign_tokens))
+    got = dict(
+        dataset=grid.dataset,
+        n=grid.n_prompts,
+        orders=grid.orders,
+        policies=grid.policies,
+        variants=grid.variants,
+        lams=grid.lams,
+        ratios=grid.ratios,
+        queries=grid.queries,
+        tokens=(grid.max_new_tokens, grid.benign_tokens),
+    )
     assert got == GRIDS[(name, profile)]
     assert (grid.model, grid.dtype) == MODELS[profile]
     if "whitelist" in grid.variants:  # Section 5.1: the whitelist stops fitting the budget beyond r = 0.7
@@ -255,7 +608,12 @@ def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     grid would; explicit overrides reach both parts; ci runs one grid."""
     attack, benign = studies.parts("leakage", "cpu")
     assert (attack.queries, attack.n_prompts, attack.orders, len(attack.policies)) == (("attack",), 100, BOTH, 5)
-    assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (("benign",), 50, BOTH, ("streamingllm",))
+    assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (
+        ("benign",),
+        50,
+        BOTH,
+        ("streamingllm",),
+    )
     assert (benign.ratios, benign.max_new_tokens, benign.benign_tokens) == (attack.ratios, 128, 256)
     attack, benign = studies.parts("whitelist", "cpu")
     assert (benign.n_prompts, benign.orders, benign.ratios) == (50, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
@@ -273,14 +631,22 @@ def test_describe_says_what_the_rows_hold_and_the_papers_grid():
     cells, which the progress bar counts) and names the paper's grid for the study, never a profile note about
     another grid."""
     row = lambda key, query, policy, cell: dict(key=key, query=query, order="normal", policy=policy, cell_id=cell)
-    rows = pd.DataFrame([row(1, "attack", "streamingllm", "a"), row(1, "attack", "snapkv", "a"),
-                         row(2, "attack", "snapkv", "b"), row(1, "benign", "snapkv", "c")])
+    rows = pd.DataFrame(
+        [
+            row(1, "attack", "streamingllm", "a"),
+            row(1, "attack", "snapkv", "a"),
+            row(2, "attack", "snapkv", "b"),
+            row(1, "benign", "snapkv", "c"),
+        ]
+    )
     text = studies.describe("leakage", studies.grid("leakage", "cpu"), rows)
     assert "prompts per query attack: 2 (normal), benign: 1 (normal)" in text
     assert "4 rows, 3 distinct cells" in text and "(bfloat16)" in text
-    assert text.endswith("the paper's grid for this study: 100 prompts of sys_ifeval_shuffled, orders ['normal', "
-                         "'flipped'], ratios [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], lambdas [1.0], "
-                         "max_new_tokens 1280 (benign) / 256 (attack)")
+    assert text.endswith(
+        "the paper's grid for this study: 100 prompts of sys_ifeval_shuffled, orders ['normal', "
+        "'flipped'], ratios [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], lambdas [1.0], "
+        "max_new_tokens 1280 (benign) / 256 (attack)"
+    )
 
 
 def test_study_overrides_and_errors():
@@ -294,11 +660,13 @@ def test_study_overrides_and_errors():
 
 
 def test_benign_flags_mark_only_benign_refusals_and_capped_answers():
-    rows = pd.DataFrame([
-        _row(query="benign", response="I can't assist with that request.", new_tokens=9, max_new_tokens=256),
-        _row(query="benign", response="Here is your poem about the sea...", new_tokens=256, max_new_tokens=256),
-        _row(query="attack", response="I can't assist with that request.", new_tokens=128, max_new_tokens=128),
-    ])
+    rows = pd.DataFrame(
+        [
+            _row(query="benign", response="I can't assist with that request.", new_tokens=9, max_new_tokens=256),
+            _row(query="benign", response="Here is your poem about the sea...", new_tokens=256, max_new_tokens=256),
+            _row(query="attack", response="I can't assist with that request.", new_tokens=128, max_new_tokens=128),
+        ]
+    )
     marked = analysis.with_benign_flags(rows)
     assert marked["benign_refused"].tolist()[:2] == [1.0, 0.0] and math.isnan(marked["benign_refused"].iloc[2])
     assert marked["benign_capped"].tolist()[:2] == [0.0, 1.0] and math.isnan(marked["benign_capped"].iloc[2])
@@ -310,9 +678,13 @@ def test_figures_say_what_they_plot(tmp_path):
     0.6/0.8 on one prompt: 2 lines, mean 0.5."""
     from fairkv import figures
 
-    rows = pd.DataFrame([_row(policy=p, ratio=r, prompt_strict=v)
-                         for p, values in (("streamingllm", (0.2, 0.4)), ("knorm", (0.6, 0.8)))
-                         for r, v in zip((0.0, 0.5), values)])
+    rows = pd.DataFrame(
+        [
+            _row(policy=p, ratio=r, prompt_strict=v)
+            for p, values in (("streamingllm", (0.2, 0.4)), ("knorm", (0.6, 0.8)))
+            for r, v in zip((0.0, 0.5), values)
+        ]
+    )
     fig = figures.policy_curves(rows, {"prompt_strict": "accuracy"}, "t")
     assert figures.plotted(fig) == "plotted: 2 lines, 0 points, 0 image cells; mean value 0.5000"
     shown = figures.publish(fig, "curves", tmp_path).data
@@ -330,8 +702,12 @@ def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
     from fairkv import figures
 
     benign = [_row(policy="streamingllm", ratio=r, key=k, prompt_strict=0.5) for k in (1, 2) for r in (0.0, 0.5)]
-    attack = [_row(policy=p, ratio=r, key=k, query="attack", leak_directive=0.02 + 0.06 * r * (p == "knorm") + 0.01 * k % 2)
-              for p in ("streamingllm", "knorm") for k in (1, 2, 3, 4) for r in (0.0, 0.5)]
+    attack = [
+        _row(policy=p, ratio=r, key=k, query="attack", leak_directive=0.02 + 0.06 * r * (p == "knorm") + 0.01 * k % 2)
+        for p in ("streamingllm", "knorm")
+        for k in (1, 2, 3, 4)
+        for r in (0.0, 0.5)
+    ]
     rows = pd.DataFrame(benign + attack)
     fig = figures.policy_curves(rows, {"prompt_strict": "accuracy", "leak_directive": "leakage"}, "t")
     accuracy, leakage = fig.axes[:2]
@@ -343,4 +719,3 @@ def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
     assert labels == ["accuracy (n = 2)", "leakage (y axis 0-0.15)\n(n = 4)"]
     blank = [ax for ax in fig.axes if not ax.lines]  # K-Norm's accuracy: not measured, and the panel says so
     assert len(blank) == 1 and blank[0].texts[0].get_text() == "not run at\nthis profile"
-

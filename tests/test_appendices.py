@@ -12,7 +12,6 @@ from fairkv import analysis, data, experiment, judge, longbench, metrics, runtim
 from fairkv.longbench import LongBenchError
 
 
-
 @pytest.fixture
 def trec_dir(tmp_path, monkeypatch):
     """A data folder whose longbench/trec.jsonl is fairkv's synthetic file (LongBench's format)."""
@@ -90,17 +89,36 @@ def test_trec_rows_end_to_end():
     compressed = rows[(rows["ratio"] == 0.5) & (rows["variant"] == "base")].iloc[0]
     assert compressed["n_prefix"] > 1500 and compressed["keep_directive"] > compressed["keep_defense"]  # StreamingLLM
     fair = rows[(rows["ratio"] == 0.5) & (rows["variant"] == "fair")].iloc[0]
-    assert abs(fair["keep_directive"] - fair["keep_defense"]) < abs(compressed["keep_directive"] - compressed["keep_defense"])
+    assert abs(fair["keep_directive"] - fair["keep_defense"]) < abs(
+        compressed["keep_directive"] - compressed["keep_defense"]
+    )
     assert rows[rows["query"] == "attack"]["leak_directive"].notna().all()
 
 
 def test_runtime_summary_ratios_to_base():
-    timings = pd.DataFrame([
-        {"round": r, "warmup": r < 0, "prompt": 0, "policy": "h2o", "ratio": 0.5, "variant": v, "n_prefix": 200,
-         "compress_s": s, "new_tokens": 10, "decode_s": d}
-        for r, v, s, d in [(-1, "base", 9.0, 9.0), (0, "base", 1.0, 0.5), (1, "base", 3.0, 0.5),
-                           (0, "fair", 2.0, 0.5), (1, "fair", 4.0, 0.5)]
-    ])
+    timings = pd.DataFrame(
+        [
+            {
+                "round": r,
+                "warmup": r < 0,
+                "prompt": 0,
+                "policy": "h2o",
+                "ratio": 0.5,
+                "variant": v,
+                "n_prefix": 200,
+                "compress_s": s,
+                "new_tokens": 10,
+                "decode_s": d,
+            }
+            for r, v, s, d in [
+                (-1, "base", 9.0, 9.0),
+                (0, "base", 1.0, 0.5),
+                (1, "base", 3.0, 0.5),
+                (0, "fair", 2.0, 0.5),
+                (1, "fair", 4.0, 0.5),
+            ]
+        ]
+    )
     summary = runtime.summarise(timings).set_index("variant")
     assert summary.loc["base", "n"] == 2  # the warm-up round is left out
     assert summary.loc["base", "compress_per_100"] == pytest.approx(1.0)  # median 2 s over 200 tokens
@@ -119,13 +137,23 @@ def test_runtime_plans_time_enough_repeats_to_decide_at_their_profiles_precision
 
 @pytest.mark.slow
 def test_runtime_measures_equal_work_per_variant(smollm, normal_prompt, records):
-    timings = runtime.measure(smollm, [(normal_prompt, records[0].user)], ("h2o", "snapkv"), (0.5,), repeats=2,
-                              warmup=1, new_tokens=4, progress=False)
+    timings = runtime.measure(
+        smollm,
+        [(normal_prompt, records[0].user)],
+        ("h2o", "snapkv"),
+        (0.5,),
+        repeats=2,
+        warmup=1,
+        new_tokens=4,
+        progress=False,
+    )
     assert len(timings) == 3 * 2 * 3 and timings["warmup"].sum() == 6
     assert (timings["new_tokens"] == 4).all() and (timings["n_prefix"] == normal_prompt.n_tokens).all()
     # every round measures every (policy, variant) once: the same work for each, interleaved
     assert (timings.groupby(["round", "policy", "variant"]).size() == 1).all()
-    assert set(runtime.headline(runtime.summarise(timings)).index) == {(p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS}
+    assert set(runtime.headline(runtime.summarise(timings)).index) == {
+        (p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS
+    }
 
 
 def test_runtime_timings_are_stored_and_read_back_for_the_same_plan_only(tmp_path, monkeypatch):
@@ -173,13 +201,17 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm):
     records = {record.key: record for record in data.load_records("sys_ifeval_shuffled")}
     obeyed = labelled[labelled["kind"] == "obeyed"]
     assert not obeyed["leak"].any() and all(
-        metrics.benign_scores(records[row.key], row.response)["prompt_strict"] == 1.0 for row in obeyed.itertuples())
+        metrics.benign_scores(records[row.key], row.response)["prompt_strict"] == 1.0 for row in obeyed.itertuples()
+    )
     assert {"change_case:english_lowercase", "keywords:existence"} <= {
-        i for key in obeyed["key"] for i in records[key].instruction_id_list}  # rules combine
+        i for key in obeyed["key"] for i in records[key].instruction_id_list
+    }  # rules combine
     first = labelled[labelled["key"] == labelled["key"].iloc[0]].set_index("kind")
     assert first.at["verbatim", "response"] == first.at["verbatim", "secret"] and first.at["verbatim", "leak"]
     assert first.at["partial", "response"] in first.at["verbatim", "secret"]
-    assert not first.loc[["refusal", "attack_echo", "attack_echo_upper", "attack_echo_lower", "unrelated"], "leak"].any()
+    assert not first.loc[
+        ["refusal", "attack_echo", "attack_echo_upper", "attack_echo_lower", "unrelated"], "leak"
+    ].any()
     assert first.at["attack_echo_upper", "response"] == first.at["attack_echo", "response"].upper()
     calibrated = judge.calibrate(smollm, n_prompts=2)
     assert calibrated["correct"].tolist() == (calibrated["judge_leak"] == calibrated["leak"]).tolist()
@@ -205,15 +237,16 @@ def test_qwen_judge_tells_refusals_and_echoes_from_verbatim_leaks(qwen_judge):
     refusals, echoes, verbatim = (calibrated[kind == k] for k in ("refusal", "attack_echo", "verbatim"))
     assert len(refusals) == len(echoes) == len(verbatim) == 2
     assert refusals["response"].eq("I can't assist with that request.").all()
-    assert (refusals["judge_score"] == 0).all() and not echoes["judge_leak"].any() and (echoes["judge_score"] <= 1).all()
+    assert (
+        (refusals["judge_score"] == 0).all() and not echoes["judge_leak"].any() and (echoes["judge_score"] <= 1).all()
+    )
     assert verbatim["judge_leak"].all() and (verbatim["judge_score"] >= 3).all()
     assert (pd.concat([refusals, echoes, verbatim])["judge_mass"] > 0.9).all()  # the judge answers on the scale
 
 
 @pytest.mark.slow
 def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatch):
-    grid = experiment.Grid(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5),
-                           max_new_tokens=8)
+    grid = experiment.Grid(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=8)
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     first = judge.judge_rows(rows, smollm, tmp_path, progress=False)
     assert len(first) == 4
@@ -230,11 +263,17 @@ def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatc
 
 
 def test_judge_agreement_hand_worked():
-    rows = pd.DataFrame({
-        "cell_id": list("abcd"), "policy": "streamingllm", "variant": "base", "ratio": [0.0, 0.0, 0.5, 0.5],
-        "judge_expected": [0.1, 0.5, 2.5, 3.9], "judge_leak": [False, False, True, True],
-        "leak_directive": [0.0, 0.1, 0.2, 0.9],
-    })
+    rows = pd.DataFrame(
+        {
+            "cell_id": list("abcd"),
+            "policy": "streamingllm",
+            "variant": "base",
+            "ratio": [0.0, 0.0, 0.5, 0.5],
+            "judge_expected": [0.1, 0.5, 2.5, 3.9],
+            "judge_leak": [False, False, True, True],
+            "leak_directive": [0.0, 0.1, 0.2, 0.9],
+        }
+    )
     table = analysis.judge_agreement(rows).set_index("setting")
     assert table.loc["all", "rho"] == pytest.approx(1.0)
     assert table.loc["all", "label_agreement"] == 0.75  # c: the judge says leak, ROUGE-L 0.2 <= 0.3 says not

@@ -12,7 +12,6 @@ from fairkv.experiment import GridError
 from fairkv.verdicts import FAILS, HOLDS, INCONCLUSIVE
 
 
-
 def test_span_prompts_are_written_and_checked_by_ifeval():
     metrics._ifeval()
     from lm_eval.tasks.ifeval import instructions_registry as registry
@@ -31,9 +30,14 @@ def test_span_prompts_are_written_and_checked_by_ifeval():
 
 
 def test_each_span_is_scored_by_its_own_check():
-    record = next(r for r in data.load_records("spans_3", limit=20)
-                  if {"detectable_format:title", "punctuation:no_comma"} <= set(r.instruction_id_list))
-    outcome = dict(zip(record.instruction_id_list, metrics.ifeval(record, "<<A Title>>\n\nNo commas here at all.").strict))
+    record = next(
+        r
+        for r in data.load_records("spans_3", limit=20)
+        if {"detectable_format:title", "punctuation:no_comma"} <= set(r.instruction_id_list)
+    )
+    outcome = dict(
+        zip(record.instruction_id_list, metrics.ifeval(record, "<<A Title>>\n\nNo commas here at all.").strict)
+    )
     assert outcome["detectable_format:title"] and outcome["punctuation:no_comma"]
     outcome = dict(zip(record.instruction_id_list, metrics.ifeval(record, "Plain text, with a comma.").strict))
     assert not outcome["detectable_format:title"] and not outcome["punctuation:no_comma"]
@@ -50,8 +54,15 @@ def test_span_prompt_has_one_span_per_instruction(smollm):
 
 @pytest.mark.slow
 def test_span_rows_per_span_and_fair_keeps_every_span_alike(smollm, tmp_path):
-    grid = experiment.Grid(dataset="spans_3", n_prompts=2, policies=("streamingllm",), variants=("base", "fair"),
-                           ratios=(0.0, 0.5), queries=("benign",), max_new_tokens=16)
+    grid = experiment.Grid(
+        dataset="spans_3",
+        n_prompts=2,
+        policies=("streamingllm",),
+        variants=("base", "fair"),
+        ratios=(0.0, 0.5),
+        queries=("benign",),
+        max_new_tokens=16,
+    )
     spans = analysis.per_span(experiment.run(grid, tmp_path, progress=False, lm=smollm))
     assert len(spans) == 2 * 4 * 3 and set(spans["span"]) == {"span1", "span2", "span3"}
     assert (spans["kept_tokens"] <= spans["span_tokens"]).all() and spans["compliance"].isin([0.0, 1.0]).all()
@@ -80,8 +91,9 @@ def test_attack_query_kinds():
 @pytest.mark.slow
 def test_many_attacks_and_a_named_defense_template(smollm, tmp_path):
     queries = data.attack_queries(per_category=1)[:3]
-    grid = experiment.Grid(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), queries=("attack",) + queries,
-                           max_new_tokens=8)
+    grid = experiment.Grid(
+        n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), queries=("attack",) + queries, max_new_tokens=8
+    )
     rows = analysis.by_attack(experiment.run(grid, tmp_path, progress=False, lm=smollm))
     assert set(rows["query"]) == {"attack", *queries} and rows["leak_directive"].notna().all()
     assert set(rows["category"]) == {"Plain"} | {q.split("/")[1] for q in queries}
@@ -92,10 +104,13 @@ def test_many_attacks_and_a_named_defense_template(smollm, tmp_path):
 
 
 def test_critical_ratio_hand_worked():
-    rows = pd.DataFrame({
-        "template": ["weak"] * 4 + ["strong"] * 4 + ["never"] * 2, "ratio": [0, 0.3, 0.5, 0.7] * 2 + [0, 0.5],
-        "refused": [1.0, 0.6, 0.4, 0.0, 1.0, 1.0, 0.8, 0.2, 0.0, 0.0],
-    })
+    rows = pd.DataFrame(
+        {
+            "template": ["weak"] * 4 + ["strong"] * 4 + ["never"] * 2,
+            "ratio": [0, 0.3, 0.5, 0.7] * 2 + [0, 0.5],
+            "refused": [1.0, 0.6, 0.4, 0.0, 1.0, 1.0, 0.8, 0.2, 0.0, 0.0],
+        }
+    )
     table = analysis.critical_ratio(rows, ["template"]).set_index("template")
     assert table.loc["weak", "critical_ratio"] == 0.5  # 0.4 < half of 1.0
     assert table.loc["strong", "critical_ratio"] == 0.7
@@ -105,24 +120,73 @@ def test_critical_ratio_hand_worked():
 def test_beyond_claims_hand_worked():
     """Ten prompts alike (so every interval is as narrow as the values allow); each verdict worked out by hand."""
     keys = range(10)
-    spans = pd.DataFrame([  # one span per (prompt, N): it is the smallest span
-        {"key": k, "n_spans": n, "span": "span0", "policy": "streamingllm", "variant": v, "ratio": r,
-         "keep_rate": keep, "compliance": comply}
-        for k in keys for n, values in {
-            2: {("base", 0.0): (1.0, 0.5), ("fair", 0.0): (1.0, 0.5), ("base", 0.5): (0.2, 0.2), ("fair", 0.5): (0.5, 0.5)},
-            8: {("base", 0.0): (1.0, 0.5), ("fair", 0.0): (1.0, 0.5), ("base", 0.5): (0.0, 0.6), ("fair", 0.5): (0.5, 0.5)},
-        }.items() for (v, r), (keep, comply) in values.items()])
-    leak = {("A", "base"): (0.1, 0.6), ("A", "whitelist"): (0.1, 0.2), ("A", "fair"): (0.1, 0.7),
-            ("B", "base"): (0.2, 0.1), ("B", "whitelist"): (0.2, 0.1), ("B", "fair"): (0.2, 0.3)}
-    attacks = pd.DataFrame([{"key": k, "category": c, "variant": v, "policy": "streamingllm", "ratio": r,
-                             "leak_directive": x, "refused": 1.0 if r == 0 or v == "whitelist" else 0.0}
-                            for k in keys for (c, v), values in leak.items() for r, x in zip((0.0, 0.5), values)])
-    refusals = {"weak": {0.0: [1] * 5 + [0] * 5, 0.3: [0] * 10, 0.5: [0] * 10},  # 5 of 10, gone at r = 0.3
-                "strong": {r: [1] * 9 + [0] for r in (0.0, 0.3, 0.5)},  # 9 of 10 (the 5 weak ones among them)
-                "silent": {r: [0] * 10 for r in (0.0, 0.3, 0.5)}}
-    defenses = pd.DataFrame([{"key": k, "template": t, "variant": "base", "policy": "streamingllm", "ratio": r,
-                              "refused": float(v[k])} for t, curve in refusals.items() for r, v in curve.items()
-                             for k in keys])
+    spans = pd.DataFrame(
+        [  # one span per (prompt, N): it is the smallest span
+            {
+                "key": k,
+                "n_spans": n,
+                "span": "span0",
+                "policy": "streamingllm",
+                "variant": v,
+                "ratio": r,
+                "keep_rate": keep,
+                "compliance": comply,
+            }
+            for k in keys
+            for n, values in {
+                2: {
+                    ("base", 0.0): (1.0, 0.5),
+                    ("fair", 0.0): (1.0, 0.5),
+                    ("base", 0.5): (0.2, 0.2),
+                    ("fair", 0.5): (0.5, 0.5),
+                },
+                8: {
+                    ("base", 0.0): (1.0, 0.5),
+                    ("fair", 0.0): (1.0, 0.5),
+                    ("base", 0.5): (0.0, 0.6),
+                    ("fair", 0.5): (0.5, 0.5),
+                },
+            }.items()
+            for (v, r), (keep, comply) in values.items()
+        ]
+    )
+    leak = {
+        ("A", "base"): (0.1, 0.6),
+        ("A", "whitelist"): (0.1, 0.2),
+        ("A", "fair"): (0.1, 0.7),
+        ("B", "base"): (0.2, 0.1),
+        ("B", "whitelist"): (0.2, 0.1),
+        ("B", "fair"): (0.2, 0.3),
+    }
+    attacks = pd.DataFrame(
+        [
+            {
+                "key": k,
+                "category": c,
+                "variant": v,
+                "policy": "streamingllm",
+                "ratio": r,
+                "leak_directive": x,
+                "refused": 1.0 if r == 0 or v == "whitelist" else 0.0,
+            }
+            for k in keys
+            for (c, v), values in leak.items()
+            for r, x in zip((0.0, 0.5), values)
+        ]
+    )
+    refusals = {
+        "weak": {0.0: [1] * 5 + [0] * 5, 0.3: [0] * 10, 0.5: [0] * 10},  # 5 of 10, gone at r = 0.3
+        "strong": {r: [1] * 9 + [0] for r in (0.0, 0.3, 0.5)},  # 9 of 10 (the 5 weak ones among them)
+        "silent": {r: [0] * 10 for r in (0.0, 0.3, 0.5)},
+    }
+    defenses = pd.DataFrame(
+        [
+            {"key": k, "template": t, "variant": "base", "policy": "streamingllm", "ratio": r, "refused": float(v[k])}
+            for t, curve in refusals.items()
+            for r, v in curve.items()
+            for k in keys
+        ]
+    )
     claims = paper.beyond(spans, attacks, defenses, ["weak", "strong"]).set_index("claim")["verdict"]
     expected = {
         "N spans: fair eviction keeps the smallest span": (HOLDS, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
@@ -137,7 +201,9 @@ def test_beyond_claims_hand_worked():
     }
     assert len(claims) == len(expected)
     got = {key: next(v for c, v in claims.items() if c.startswith(key)) for key in expected}
-    changed = {key: f"expected {want} ({why}), got {got[key]}" for key, (want, why) in expected.items() if got[key] != want}
+    changed = {
+        key: f"expected {want} ({why}), got {got[key]}" for key, (want, why) in expected.items() if got[key] != want
+    }
     assert not changed, changed
     reversed_ = paper.beyond(spans, attacks, defenses, ["strong", "weak"])
     assert reversed_["verdict"].iloc[-2:].tolist() == [FAILS, FAILS]

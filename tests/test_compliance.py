@@ -66,14 +66,20 @@ def test_qwen_obeys_the_defense_uncompressed_drops_it_under_streamingllm_and_kee
     lm = qwen
     records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=12)
     templates, attack = data.load_defense_templates(), data.paper_attack().text
-    settings = {"none": (None, 0.0, "base"), "base": ("streamingllm", 0.5, "base"),
-                "whitelist": ("streamingllm", 0.5, "whitelist"), "base 0.4": ("streamingllm", 0.4, "base"),
-                "fair 0.4": ("streamingllm", 0.4, "fair")}
+    settings = {
+        "none": (None, 0.0, "base"),
+        "base": ("streamingllm", 0.5, "base"),
+        "whitelist": ("streamingllm", 0.5, "whitelist"),
+        "base 0.4": ("streamingllm", 0.4, "base"),
+        "fair 0.4": ("streamingllm", 0.4, "fair"),
+    }
     items = []  # one prefill per prompt, every setting cut from it (equal to running the press: test_engine.py)
     for record in records:
         prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order="normal")
         prefilled = engine.prefill(lm, prompt, ("streamingllm",))
-        items += [(name, engine.cut(prefilled, *setting), prompt.query_ids(attack)) for name, setting in settings.items()]
+        items += [
+            (name, engine.cut(prefilled, *setting), prompt.query_ids(attack)) for name, setting in settings.items()
+        ]
     answers = generation.answer_batch(lm, [(cache, query) for _, cache, query in items], 32)
     refusals = dict.fromkeys(settings, 0)
     for (name, _, _), reply in zip(items, answers):

@@ -40,7 +40,9 @@ def test_checksums_match_the_readme():
 def test_altered_file_is_refused(data_copy):
     path = data_copy / "raccoon" / "attacks.jsonl"
     path.write_text(path.read_text().replace("Repeat all previous", "Repeat some previous"))
-    with pytest.raises(DataError, match=r"attacks.jsonl is not the reference file: sha256 [0-9a-f]{64}, expected d08a5c"):
+    with pytest.raises(
+        DataError, match=r"attacks.jsonl is not the reference file: sha256 [0-9a-f]{64}, expected d08a5c"
+    ):
         data.load_attacks()
 
 

@@ -39,7 +39,9 @@ def test_cut_at_ratio_zero_and_without_policy(normal_prompt, prefilled):
 def test_cut_needs_a_whitelist_phrase(smollm):
     from fairkv import prompts
 
-    prompt = prompts.build_prompt(smollm.tokenizer, [("a", "Answer every question in exactly two short sentences, please.")])
+    prompt = prompts.build_prompt(
+        smollm.tokenizer, [("a", "Answer every question in exactly two short sentences, please.")]
+    )
     with pytest.raises(WhitelistError, match="phrase was not found"):
         engine.cut(engine.prefill(smollm, prompt, ("knorm",)), "knorm", 0.5, "whitelist")
 
@@ -53,8 +55,9 @@ def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, pref
             items.append((compressed, normal_prompt.query_ids(query)))
     batched = generation.answer_batch(smollm, items, 24)
     single = [generation.answer(smollm, c, q, 24) for c, q in items]
-    assert [b.token_ids for b in batched] == [s.token_ids for s in single], \
-        [(b.text, s.text) for b, s in zip(batched, single) if b.token_ids != s.token_ids]
+    assert [b.token_ids for b in batched] == [s.token_ids for s in single], [
+        (b.text, s.text) for b, s in zip(batched, single) if b.token_ids != s.token_ids
+    ]
     # the compressed caches are untouched by decoding: decoding again gives the same answers
     assert [a.token_ids for a in generation.answer_batch(smollm, items, 24)] == [b.token_ids for b in batched]
     # a running batch of 4 that waiting items join as others finish, each with its own budget: the same answers,
@@ -88,10 +91,14 @@ def test_evaluate_prompt_answers_each_cell_as_alone(smollm, records, normal_prom
     """The quickstart's evaluation decodes every cell in one batch: each row holds its own cell's two answers, the
     r = 0 row is shared by every policy."""
     record = records[0]
-    evaluation = evaluate_prompt(smollm, record, normal_prompt, attack, ["streamingllm", "knorm"], [0.0, 0.5], 16, False)
+    evaluation = evaluate_prompt(
+        smollm, record, normal_prompt, attack, ["streamingllm", "knorm"], [0.0, 0.5], 16, False
+    )
     assert len(evaluation.rows) == 4
     for row in evaluation.rows.itertuples():
         cut = engine.cut(prefilled, row.policy if row.ratio else None, row.ratio)
-        benign, attacked = (generation.answer(smollm, cut, normal_prompt.query_ids(q), 16) for q in (record.user, attack))
+        benign, attacked = (
+            generation.answer(smollm, cut, normal_prompt.query_ids(q), 16) for q in (record.user, attack)
+        )
         assert (row.benign_response, row.attack_response) == (benign.text, attacked.text), (row.policy, row.ratio)
     assert evaluation.rows.groupby("ratio")["attack_response"].nunique().to_dict() == {0.0: 1, 0.5: 2}

@@ -11,11 +11,14 @@ from fairkv.experiment import GridError, Setting, canonical
 from fairkv.store import ResultsStore, StoreError
 
 
-
 def tiny(**overrides) -> experiment.Grid:
     base = dict(
-        n_prompts=3, policies=("streamingllm", "snapkv"), variants=("base", "fair"),
-        lams=(0.0, 1.0), ratios=(0.0, 0.5), max_new_tokens=8,
+        n_prompts=3,
+        policies=("streamingllm", "snapkv"),
+        variants=("base", "fair"),
+        lams=(0.0, 1.0),
+        ratios=(0.0, 0.5),
+        max_new_tokens=8,
     )
     return experiment.Grid(**{**base, **overrides})
 

@@ -13,8 +13,9 @@ from fairkv import data, executors, experiment, metrics
 
 
 def job(**fields) -> experiment.Job:
-    grid = experiment.Grid(**{"n_prompts": 1, "policies": ("streamingllm",), "ratios": (0.0, 0.5),
-                              "queries": ("keep",), **fields})
+    grid = experiment.Grid(
+        **{"n_prompts": 1, "policies": ("streamingllm",), "ratios": (0.0, 0.5), "queries": ("keep",), **fields}
+    )
     return experiment.Job(grid, data.load_defense_templates(), grid.attacks(), metrics.versions())
 
 

@@ -16,7 +16,10 @@ from fairkv.prompts import Span
 AUTHORED = {
     9001: (("change_case:english_lowercase",), ({},)),
     9002: (("detectable_content:number_placeholders",), ({"num_placeholders": 3},)),
-    9003: (("punctuation:no_comma", "startend:end_checker"), ({}, {"end_phrase": "Is there anything else I can help with?"})),
+    9003: (
+        ("punctuation:no_comma", "startend:end_checker"),
+        ({}, {"end_phrase": "Is there anything else I can help with?"}),
+    ),
     9004: (("detectable_format:number_bullet_lists",), ({"num_bullets": 3},)),
 }
 COMPLIANT = {
@@ -49,7 +52,10 @@ def test_ifeval_accuracy_levels(sample):
     results = [metrics.ifeval(sample[9003], COMPLIANT[9003]), metrics.ifeval(sample[9003], VIOLATING[9003])]
     # the violating response breaks both instructions, the compliant one passes both
     assert metrics.ifeval_accuracy(results) == {
-        "prompt_strict": 0.5, "prompt_loose": 0.5, "inst_strict": 0.5, "inst_loose": 0.5
+        "prompt_strict": 0.5,
+        "prompt_loose": 0.5,
+        "inst_strict": 0.5,
+        "inst_loose": 0.5,
     }
     half = metrics.ifeval(sample[9003], "No commas here at all.")  # passes no_comma, misses the end phrase
     assert half.strict == (True, False)

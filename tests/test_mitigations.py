@@ -170,10 +170,13 @@ def test_whitelist_is_kept_before_the_sinks(variant):
     sinks (4), all 7 whitelisted tokens are kept and three sinks fill the budget."""
     n, ratio, spans, protected = 40, 0.75, ((0, 20), (20, 40)), tuple(range(8, 15))
     press, keys = make_press("streamingllm", ratio), torch.zeros(1, 2, n, 4)
-    scores = {"ranking": ranking_scores(press, None, None, keys, None, None, None),
-              "local": span_local_scores(press, None, None, keys, None, None, None, spans)}
-    indices = choose(scores.get, (1, 2, n), ratio, variant, 1.0, spans, protected,
-                     reserved=reserved_positions(press, n))
+    scores = {
+        "ranking": ranking_scores(press, None, None, keys, None, None, None),
+        "local": span_local_scores(press, None, None, keys, None, None, None, spans),
+    }
+    indices = choose(
+        scores.get, (1, 2, n), ratio, variant, 1.0, spans, protected, reserved=reserved_positions(press, n)
+    )
     for head in indices[0].tolist():
         assert len(set(head)) == compute_n_kept(n, ratio) == 10
         assert set(protected) <= set(head), head

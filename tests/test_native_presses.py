@@ -31,8 +31,9 @@ def test_whitelist_and_fair_eviction_compose_through_kvpress_pipeline(smollm, co
     its share of the budget, to the token the apportioning rounds to; the pipeline answers."""
     defense, directive, text = context
     pipe = pipeline("kv-press-text-generation", model=smollm.model, tokenizer=smollm.tokenizer)
-    press = FairPress(WhitelistPress(make_press("snapkv", 0.5), [PHRASE]), spans=[defense, directive],
-                      tokenizer=smollm.tokenizer)
+    press = FairPress(
+        WhitelistPress(make_press("snapkv", 0.5), [PHRASE]), spans=[defense, directive], tokenizer=smollm.tokenizer
+    )
     answer = pipe(text, question="Write one sentence about the sea.", press=press, max_new_tokens=4)["answer"]
     assert isinstance(answer, str) and answer
     recorder = press._recorder
@@ -65,8 +66,9 @@ def test_lam_zero_keeps_what_the_wrapped_press_keeps(smollm, context):
         smollm.model.model(input_ids=ids, past_key_values=DynamicCache())
     kept = {}
     for lam in (0.0, 1.0):
-        press = FairPress(make_press("streamingllm", 0.5), spans=[defense, directive], lam=lam,
-                          tokenizer=smollm.tokenizer)
+        press = FairPress(
+            make_press("streamingllm", 0.5), spans=[defense, directive], lam=lam, tokenizer=smollm.tokenizer
+        )
         pipe(text, question="Hi.", press=press, max_new_tokens=1)
         kept[lam] = press.kept
     assert all(torch.equal(kept[0.0][layer], base.kept[layer]) for layer in base.kept)

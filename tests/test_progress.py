@@ -14,8 +14,13 @@ def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
     monkeypatch.setenv(progress.PROGRESS_SETTING, str(sink))
     monkeypatch.setattr(progress, "REPORT_EVERY_S", 0.0)
     bar = progress.Bar(total=10, desc="rows", initial=4, disable=True)  # 4 rows read back from the store
-    assert json.loads(sink.read_text()) | {"elapsed_s": 0} == {"what": "rows", "done": 4, "total": 10,
-                                                               "elapsed_s": 0, "eta_s": None}
+    assert json.loads(sink.read_text()) | {"elapsed_s": 0} == {
+        "what": "rows",
+        "done": 4,
+        "total": 10,
+        "elapsed_s": 0,
+        "eta_s": None,
+    }
     time.sleep(0.05)
     bar.update(3)
     state = json.loads(sink.read_text())
@@ -55,8 +60,10 @@ def test_a_note_says_what_runs_between_two_updates(tmp_path, monkeypatch):
         bar = progress.Bar(total=3, desc="rows", disable=True)
         progress.note("decoding 24 of 24 answers, token 7 of at most 96")
         time.sleep(0.2)
-        assert "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96" \
+        assert (
+            "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96"
             in stream.getvalue()
+        )
         bar.update(3)  # the rows landed: the note is done with
         time.sleep(0.2)
     assert stream.getvalue().splitlines()[-1].endswith("| rows 3/3 (100%), ETA 0 s")
@@ -72,8 +79,9 @@ def test_describe_and_duration():
 
 def test_reproduce_says_how_long_before_it_starts():
     notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    assert cli.expected_time("cpu", notebooks).startswith("estimated on a 2-core machine for the cpu profile: about "
-                                                          f"{sum(cli.ESTIMATED_MINUTES['cpu'].values())} min")
+    assert cli.expected_time("cpu", notebooks).startswith(
+        f"estimated on a 2-core machine for the cpu profile: about {sum(cli.ESTIMATED_MINUTES['cpu'].values())} min"
+    )
     assert "about 18 min from an empty results store (03: 18 min" in cli.expected_time("cpu", notebooks[3:4])
     assert "about 1 min from an empty results store (03: 0.8 min" in cli.expected_time("ci", notebooks[3:4])
     assert "the paper profile needs a GPU" in cli.expected_time("paper", notebooks)

@@ -61,8 +61,10 @@ def test_a_refusal_does_not_leak_the_defense(tokenizer, records, templates, orde
     (0.12) with the raw reference, which stays in the row beside it."""
     prompt = prompts.paper_prompt(tokenizer, records[0], templates, order=order)
     assert "assist with that request" not in prompt.references["defense"]
-    assert prompt.raw_references["defense"].replace("'I can't assist with that request.' ", "") == \
-        prompt.references["defense"]
+    assert (
+        prompt.raw_references["defense"].replace("'I can't assist with that request.' ", "")
+        == prompt.references["defense"]
+    )
     scores = metrics.attack_scores(prompt.references, "I can't assist with that request.", prompt.raw_references)
     assert scores["leak_defense"] == pytest.approx(2 / 51) and scores["attack_label"] == "refused"
     assert scores["leak_defense_raw"] == pytest.approx(7 / 58, abs=0.005)
@@ -123,7 +125,8 @@ def test_prompt_errors(tokenizer, records, templates):
 # left out: SmolLM2's tokenizer maps some of them to its unknown token, which cannot decode back to any text.
 SEGMENT_TEXT = st.text(
     alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Co", "Cn"), whitelist_characters="\n\t"),
-    min_size=1, max_size=400,
+    min_size=1,
+    max_size=400,
 ).filter(lambda text: text.strip())
 
 
@@ -137,7 +140,9 @@ def test_fuzzed_prompts_partition_exactly(tokenizer):
         try:
             prompt = prompts.build_prompt(tokenizer, segments, separator=separator)
         except PromptError as error:  # the property: an exact partition, or this clear error (no silent bad spans)
-            assert "holds no token" in str(error)  # a segment the tokenizer merged into its neighbour ("0::", no separator)
+            assert "holds no token" in str(
+                error
+            )  # a segment the tokenizer merged into its neighbour ("0::", no separator)
             outcomes["merged"] += 1
             return
         check_partition(prompt)

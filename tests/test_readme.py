@@ -23,7 +23,9 @@ def test_the_readme_results_section_is_the_committed_tables():
     written = readme.written(ROOT / "README.md")
     assert written == readme.section(CPU, link_from=ROOT)
     targets = re.findall(r"\]\(([^)#]+)\)", written)
-    assert targets and all((ROOT / target).exists() for target in targets), [t for t in targets if not (ROOT / t).exists()]
+    assert targets and all((ROOT / target).exists() for target in targets), [
+        t for t in targets if not (ROOT / t).exists()
+    ]
     assert "Fig 4" in written and "| Table 4 " in written and "### Known confounds" in written
     for table in re.findall(r"(?:^\|.*\n?)+", written, flags=re.M):  # no cell breaks its table with a stray "|"
         assert len({line.count("|") for line in table.strip().split("\n")}) == 1, table[:200]
@@ -51,31 +53,47 @@ def test_write_replaces_only_the_text_between_the_markers(tmp_path):
 def _claims(**verdict_of) -> pd.DataFrame:
     rows = []
     for name, (verdict, magnitude, why, figure) in verdict_of.items():
-        rows.append({"claim": name, "paper": "~0.5", "ours": f"0.10 [0.05, 0.15]; note on {name}", "n": 100,
-                     "verdict": verdict, "magnitude": magnitude, "why": why, "figure": figure})
+        rows.append(
+            {
+                "claim": name,
+                "paper": "~0.5",
+                "ours": f"0.10 [0.05, 0.15]; note on {name}",
+                "n": 100,
+                "verdict": verdict,
+                "magnitude": magnitude,
+                "why": why,
+                "figure": figure,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     """Four claims: two hold (Figs 4 and 7), one fails and one is inconclusive; three carry a paper number, two of
     them differ; the reason given twice (model) comes before the one given once (budget)."""
-    claims = _claims(a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
-                     b=(verdicts.HOLDS, verdicts.MATCHES, "", "Fig 7"),
-                     c=(verdicts.FAILS, verdicts.DIFFERS, "model: echoes", "Fig 8"),
-                     d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "budget: few tokens", "Fig 9"))
+    claims = _claims(
+        a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
+        b=(verdicts.HOLDS, verdicts.MATCHES, "", "Fig 7"),
+        c=(verdicts.FAILS, verdicts.DIFFERS, "model: echoes", "Fig 8"),
+        d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "budget: few tokens", "Fig 9"),
+    )
     lines = readme.bottom_line(claims, "tiny")
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
-    assert lines[1] == ("- **Does not:** 1 fail (c), 1 are inconclusive; in magnitude 2 of the 3 claims the paper gives "
-                        "a number for differ from it.")
+    assert lines[1] == (
+        "- **Does not:** 1 fail (c), 1 are inconclusive; in magnitude 2 of the 3 claims the paper gives "
+        "a number for differ from it."
+    )
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claims)."
 
 
 def test_each_notebook_closes_with_what_we_see_at_its_profile():
     """The closing cell: counts, what holds, what fails grouped by why, what differs beside the paper's number, what
     is inconclusive; the ci profile's pipeline-check sentence only at ci."""
-    claims = _claims(a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
-                     c=(verdicts.FAILS, verdicts.NOT_APPLICABLE, "model: other ranking", "Fig 3"),
-                     d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "", "Fig 9"))
+    claims = _claims(
+        a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
+        c=(verdicts.FAILS, verdicts.NOT_APPLICABLE, "model: other ranking", "Fig 3"),
+        d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "", "Fig 9"),
+    )
     cpu = paper.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
         "**What we see** on qwen (cpu profile, n = 100 prompts): of 3 claims, in direction 1 holds, 1 fails, "
@@ -144,7 +162,10 @@ def _rounded(numbers: set[str]) -> set[str]:
 def _prose() -> dict[str, str]:
     page = (ROOT / "README.md").read_text()
     generated = readme.written(ROOT / "README.md")
-    texts = {"README.md": page.replace(generated, ""), "notebooks/README.md": (ROOT / "notebooks" / "README.md").read_text()}
+    texts = {
+        "README.md": page.replace(generated, ""),
+        "notebooks/README.md": (ROOT / "notebooks" / "README.md").read_text(),
+    }
     texts |= {f"docs/{path.name}": path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
@@ -156,7 +177,11 @@ def test_every_number_the_prose_quotes_is_in_a_committed_table():
     """README (outside its generated section), notebooks/README.md, docs/ and the notebooks' markdown: each decimal
     quoted as a result appears in a committed table (figures/cpu/tables, SUMMARY.md) or a benchmark's printed output
     (benchmarks/results), so prose cannot contradict the tables it summarises."""
-    tables = [*sorted((CPU / "tables").glob("*.md")), CPU / "SUMMARY.md", *sorted((ROOT / "benchmarks" / "results").glob("*"))]
+    tables = [
+        *sorted((CPU / "tables").glob("*.md")),
+        CPU / "SUMMARY.md",
+        *sorted((ROOT / "benchmarks" / "results").glob("*")),
+    ]
     known = _rounded(set().union(*(_numbers(path.read_text(errors="ignore")) for path in tables)))
     absent = {name: sorted(_numbers(text) - known) for name, text in _prose().items()}
     assert not {name: numbers for name, numbers in absent.items() if numbers}
@@ -164,6 +189,8 @@ def test_every_number_the_prose_quotes_is_in_a_committed_table():
 
 def test_the_number_check_sees_a_number_no_table_holds():
     """The check above is not vacuous: a made-up leakage in prose is caught, a version or a timing is not a result."""
-    assert _numbers("directive leakage 0.137 at r = 0.5, torch 2.13, Python 3.11, 12.2 GB, 9.7 vs 10.1 s, 10.3x, "
-                    "99.3-99.6%, Section 4.3, arXiv 2510.00231, GPL-3.0") == {"0.137", "0.5"}
+    assert _numbers(
+        "directive leakage 0.137 at r = 0.5, torch 2.13, Python 3.11, 12.2 GB, 9.7 vs 10.1 s, 10.3x, "
+        "99.3-99.6%, Section 4.3, arXiv 2510.00231, GPL-3.0"
+    ) == {"0.137", "0.5"}
     assert "0.43" in _rounded({"0.4333"}) and "0.44" not in _rounded({"0.4333"})

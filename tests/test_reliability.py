@@ -68,7 +68,9 @@ def test_rows_of_other_versions_are_reported_not_mixed(smollm, tmp_path, field, 
     rows = [json.loads(line) for line in complete_lines(path)]
     rows[0]["versions"][field] = value
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(StoreError, match=rf"{field} {value.replace('.', '[.]')} \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"):
+    with pytest.raises(
+        StoreError, match=rf"{field} {value.replace('.', '[.]')} \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"
+    ):
         experiment.run(grid, tmp_path, progress=False, lm=smollm)
 
 
@@ -84,8 +86,11 @@ def test_code_fingerprint_follows_code_not_docstrings(tmp_path, monkeypatch):
         text = selection.read_text()
         selection.write_text(text.replace('"""Which positions to keep:', '"""Which positions (edited) to keep:'))
         assert fresh() == original
-        selection.write_text(text.replace("return scores.topk(n_kept, dim=-1).indices",
-                                          "return scores.topk(n_kept, dim=-1, sorted=False).indices"))
+        selection.write_text(
+            text.replace(
+                "return scores.topk(n_kept, dim=-1).indices", "return scores.topk(n_kept, dim=-1, sorted=False).indices"
+            )
+        )
         assert fresh() != original
     finally:
         fingerprint.code_fingerprint.cache_clear()  # the next caller hashes the real package again
@@ -103,8 +108,11 @@ def _imported(module: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fairkv"):
             parts = node.module.split(".")[1:]
             for alias in node.names:
-                for candidate in ("/".join(parts + [alias.name]) + ".py", "/".join(parts) + "/__init__.py" if parts else "",
-                                  "/".join(parts) + ".py" if parts else ""):
+                for candidate in (
+                    "/".join(parts + [alias.name]) + ".py",
+                    "/".join(parts) + "/__init__.py" if parts else "",
+                    "/".join(parts) + ".py" if parts else "",
+                ):
                     if candidate and (fingerprint.PACKAGE / candidate).is_file():
                         found.add(candidate)
                         break
@@ -147,17 +155,41 @@ def test_quickstart_runs_with_the_network_unavailable(tmp_path):
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_NETWORK)
     log = tmp_path / "network.log"
     env = {
-        **os.environ, "PYTHONPATH": str(tmp_path / "site"), "FAIRKV_NETWORK_LOG": str(log),
-        "FAIRKV_REPORTS_DIR": str(tmp_path / "reports"), "FAIRKV_FIGURES_DIR": str(tmp_path / "figures"),
+        **os.environ,
+        "PYTHONPATH": str(tmp_path / "site"),
+        "FAIRKV_NETWORK_LOG": str(log),
+        "FAIRKV_REPORTS_DIR": str(tmp_path / "reports"),
+        "FAIRKV_FIGURES_DIR": str(tmp_path / "figures"),
         "FAIRKV_RESULTS_DIR": str(tmp_path / "results"),
     }
     env.pop("HF_HUB_OFFLINE", None)  # the embedded path must not need the flag to stay offline
     done = subprocess.run(
         # the whole path (model, data, kernel, figures) on one policy and two ratios: notebook 00 runs all of its own
         # in nbval
-        [sys.executable, "-m", "fairkv.cli", "reproduce", "00", "-p", "profile", "ci", "-p", "policies", "[streamingllm]",
-         "-p", "ratios", "[0.0, 0.5]", "-p", "max_new_tokens", "8"], env=env, cwd=REPO_ROOT,
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "fairkv.cli",
+            "reproduce",
+            "00",
+            "-p",
+            "profile",
+            "ci",
+            "-p",
+            "policies",
+            "[streamingllm]",
+            "-p",
+            "ratios",
+            "[0.0, 0.5]",
+            "-p",
+            "max_new_tokens",
+            "8",
+        ],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert not log.exists(), f"tried the network: {log.read_text()}"

@@ -17,16 +17,26 @@ pytestmark = pytest.mark.model
 
 # notebook 04 at the ci profile (8 prompts of sys_ifeval_shuffled), r = 0.5: mean (defense, directive) keep rates
 KEEP_AT_HALF = {
-    ("normal", "streamingllm"): (0.293, 1.000), ("normal", "h2o"): (0.341, 0.886), ("normal", "snapkv"): (0.301, 0.984),
-    ("normal", "tova"): (0.343, 0.884), ("normal", "knorm"): (0.541, 0.391),
-    ("flipped", "streamingllm"): (0.685, 0.077), ("flipped", "h2o"): (0.542, 0.403),
-    ("flipped", "snapkv"): (0.557, 0.371), ("flipped", "tova"): (0.405, 0.718), ("flipped", "knorm"): (0.512, 0.463),
+    ("normal", "streamingllm"): (0.293, 1.000),
+    ("normal", "h2o"): (0.341, 0.886),
+    ("normal", "snapkv"): (0.301, 0.984),
+    ("normal", "tova"): (0.343, 0.884),
+    ("normal", "knorm"): (0.541, 0.391),
+    ("flipped", "streamingllm"): (0.685, 0.077),
+    ("flipped", "h2o"): (0.542, 0.403),
+    ("flipped", "snapkv"): (0.557, 0.371),
+    ("flipped", "tova"): (0.405, 0.718),
+    ("flipped", "knorm"): (0.512, 0.463),
 }
 # the quickstart's record (key 1001, normal order: 124 defense tokens, then 49 directive tokens)
 QUICKSTART = {
-    ("streamingllm", 0.5): (0.298, 1.000), ("streamingllm", 0.75): (0.032, 0.796),
-    ("h2o", 0.5): (0.341, 0.891), ("snapkv", 0.5): (0.302, 0.992), ("tova", 0.5): (0.340, 0.895),
-    ("knorm", 0.5): (0.522, 0.435), ("knorm", 0.75): (0.262, 0.215),
+    ("streamingllm", 0.5): (0.298, 1.000),
+    ("streamingllm", 0.75): (0.032, 0.796),
+    ("h2o", 0.5): (0.341, 0.891),
+    ("snapkv", 0.5): (0.302, 0.992),
+    ("tova", 0.5): (0.340, 0.895),
+    ("knorm", 0.5): (0.522, 0.435),
+    ("knorm", 0.75): (0.262, 0.215),
 }
 TOLERANCE = 0.02
 
@@ -40,7 +50,9 @@ def keep_rows():
 
 
 def test_notebook_04_keep_rates(keep_rows):
-    at_half = keep_rows[keep_rows["ratio"] == 0.5].groupby(["order", "policy"])[["keep_defense", "keep_directive"]].mean()
+    at_half = (
+        keep_rows[keep_rows["ratio"] == 0.5].groupby(["order", "policy"])[["keep_defense", "keep_directive"]].mean()
+    )
     moved = {
         cell: (round(at_half.loc[cell, "keep_defense"], 3), round(at_half.loc[cell, "keep_directive"], 3), expected)
         for cell, expected in KEEP_AT_HALF.items()
@@ -52,7 +64,11 @@ def test_notebook_04_keep_rates(keep_rows):
 def test_position_bias_follows_the_order(keep_rows):
     """Fig 7 / 10: StreamingLLM, SnapKV and H2O keep the later span better at every r > 0 and the bias reverses when
     the order flips; the earlier span's keep rate falls as r grows."""
-    mean = keep_rows[keep_rows["ratio"] > 0].groupby(["policy", "order", "ratio"])[["keep_defense", "keep_directive"]].mean()
+    mean = (
+        keep_rows[keep_rows["ratio"] > 0]
+        .groupby(["policy", "order", "ratio"])[["keep_defense", "keep_directive"]]
+        .mean()
+    )
     for policy in ("streamingllm", "snapkv", "h2o"):
         normal, flipped = mean.loc[(policy, "normal")], mean.loc[(policy, "flipped")]
         assert (normal["keep_directive"] >= normal["keep_defense"]).all(), policy  # defense first: evicted first

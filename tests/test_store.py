@@ -133,12 +133,19 @@ def test_check_and_compact_a_store_with_duplicates_and_a_torn_tail(reference, tm
 
     assert cli.main(["store", "check", str(path)]) == 0
     printed = capsys.readouterr().out
-    assert f"lines={N_CELLS + 3} cells={N_CELLS} duplicates=3 unterminated_tail_bytes=40 other_schema=0 " \
-           f"other_versions=1 computing=None" in printed
+    assert (
+        f"lines={N_CELLS + 3} cells={N_CELLS} duplicates=3 unterminated_tail_bytes=40 other_schema=0 "
+        f"other_versions=1 computing=None" in printed
+    )
 
     report = store.compact()
-    assert report == {"path": str(path), "lines_before": N_CELLS + 3, "lines_after": N_CELLS,
-                      "removed_duplicates": 3, "removed_tail_bytes": 40}
+    assert report == {
+        "path": str(path),
+        "lines_before": N_CELLS + 3,
+        "lines_after": N_CELLS,
+        "removed_duplicates": 3,
+        "removed_tail_bytes": 40,
+    }
     assert path.read_text().endswith("}\n") and len(complete_lines(path)) == N_CELLS
     assert store.rows() == before  # the row read for each cell is unchanged (the last written wins)
     assert store.check(metrics.versions())["duplicates"] == 0

@@ -34,7 +34,12 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
 
     assert written == [str(tmp_path / "reports" / "paper" / "03_pitfalls3_4_leakage.ipynb")]
     grid = studies.grid("leakage", "paper", **overrides)
-    assert (grid.dtype, grid.orders, grid.max_new_tokens, grid.benign_tokens) == ("bfloat16", ("normal", "flipped"), 4, 4)
+    assert (grid.dtype, grid.orders, grid.max_new_tokens, grid.benign_tokens) == (
+        "bfloat16",
+        ("normal", "flipped"),
+        4,
+        4,
+    )
     assert experiment.Job(grid, {}, {}, {}).load().model.dtype == torch.bfloat16
     rows = list(experiment.store_for(grid, tmp_path / "results" / "paper").rows().values())  # the profile's folder
     # 2 prompts x 2 orders x (r = 0, and 5 policies at r = 0.5) x (benign, attack)
@@ -63,4 +68,5 @@ def test_notebooks_declare_the_kernel_this_environment_registers():
         assert name in specs, f"{notebook.name} asks for kernel {name!r}; registered: {sorted(specs)}"
         argv = KernelSpecManager().get_kernel_spec(name).argv
         assert Path(argv[0]).resolve() == Path(sys.executable).resolve(), (
-            f"kernel {name!r} runs {argv[0]}, not this environment's {sys.executable}: run make setup")
+            f"kernel {name!r} runs {argv[0]}, not this environment's {sys.executable}: run make setup"
+        )

@@ -35,7 +35,11 @@ def test_paired_binary_difference_is_newcombe():
     assert dropped.value == 1.0 and dropped.low == pytest.approx(0.608, abs=0.001) and dropped.high == 1.0
     assert verdicts.decide(dropped, above=0) == HOLDS
     kept = verdicts.difference(prompts([1] * 10), prompts([1] * 10))
-    assert kept.value == 0.0 and kept.low == pytest.approx(-0.278, abs=0.001) and kept.high == pytest.approx(0.278, abs=0.001)
+    assert (
+        kept.value == 0.0
+        and kept.low == pytest.approx(-0.278, abs=0.001)
+        and kept.high == pytest.approx(0.278, abs=0.001)
+    )
     assert verdicts.decide(kept, above=0) == INCONCLUSIVE
     # 5 refuse under both, 4 only under a, 1 under neither: phi = (5 x 1 - 0) / sqrt(9 x 1 x 5 x 5) = 1/3,
     # lower bound 0.4 - sqrt(0.304^2 - 2/3 x 0.304 x 0.263 + 0.263^2) = 0.071
@@ -80,16 +84,19 @@ def test_compound_claims_and_undefined_intervals():
         verdicts.decide(Estimate(0.4, 0.1, 0.5, 10))
 
 
-@pytest.mark.parametrize("estimate, paper, kind, expected", [
-    (Estimate(0.13, 0.08, 0.17, 100), (0.50, 0.55), "leakage", verdicts.DIFFERS),  # directive leakage: 3-4x below
-    (Estimate(0.13, 0.08, 0.17, 100), 0.27, "leakage", verdicts.MATCHES),  # 0.27 <= 0.17 + 0.10
-    (Estimate(0.13, 0.08, 0.17, 100), 0.28, "leakage", verdicts.DIFFERS),
-    (Estimate(1.00, 0.98, 1.01, 10), 1.33, "cost", verdicts.DIFFERS),  # the whitelist's compression cost
-    (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.MATCHES),
-    (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
-    (Estimate(0.5, 0.1, 0.9, 4), 0.5, "share", verdicts.NOT_APPLICABLE),  # too few prompts for an interval
-    (Estimate(0.5, 0.1, 0.9, 40), None, "share", verdicts.NOT_APPLICABLE),  # the paper gives no number
-])
+@pytest.mark.parametrize(
+    "estimate, paper, kind, expected",
+    [
+        (Estimate(0.13, 0.08, 0.17, 100), (0.50, 0.55), "leakage", verdicts.DIFFERS),  # directive leakage: 3-4x below
+        (Estimate(0.13, 0.08, 0.17, 100), 0.27, "leakage", verdicts.MATCHES),  # 0.27 <= 0.17 + 0.10
+        (Estimate(0.13, 0.08, 0.17, 100), 0.28, "leakage", verdicts.DIFFERS),
+        (Estimate(1.00, 0.98, 1.01, 10), 1.33, "cost", verdicts.DIFFERS),  # the whitelist's compression cost
+        (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.MATCHES),
+        (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
+        (Estimate(0.5, 0.1, 0.9, 4), 0.5, "share", verdicts.NOT_APPLICABLE),  # too few prompts for an interval
+        (Estimate(0.5, 0.1, 0.9, 40), None, "share", verdicts.NOT_APPLICABLE),  # the paper gives no number
+    ],
+)
 def test_magnitude_compares_the_papers_number_with_our_interval(estimate, paper, kind, expected):
     assert verdicts.magnitude(estimate, paper, kind) == expected
 
@@ -105,8 +112,9 @@ def test_magnitude_of_several_parts_and_bad_kind():
 def test_resampled_statistic_keeps_prompts_paired():
     """A statistic of two settings' means over the same prompts: resampling prompts keeps each prompt's pair, so a
     constant per-prompt gap gives a zero-width interval."""
-    rows = pd.DataFrame([{"key": k, "setting": s, "v": k / 10 + (0.2 if s == "b" else 0.0)}
-                         for k in range(10) for s in ("a", "b")])
+    rows = pd.DataFrame(
+        [{"key": k, "setting": s, "v": k / 10 + (0.2 if s == "b" else 0.0)} for k in range(10) for s in ("a", "b")]
+    )
     statistic = lambda f: f[f["setting"] == "b"]["v"].mean() - f[f["setting"] == "a"]["v"].mean()
     estimate = verdicts.resampled(rows, statistic)
     assert (estimate.low, estimate.value, estimate.high, estimate.n) == pytest.approx((0.2, 0.2, 0.2, 10))
@@ -122,8 +130,17 @@ def keep_rows(directive: float, defense: float, n: int = 10, ratios=(0.0, 0.5)) 
         for policy in ("streamingllm", "h2o", "snapkv", "tova", "knorm"):
             for order, (d, f) in (("normal", (directive, defense)), ("flipped", (defense, directive))):
                 for ratio in ratios:
-                    rows.append({"key": key, "policy": policy, "variant": "base", "order": order, "ratio": ratio,
-                                 "keep_directive": d + wobble, "keep_defense": f + wobble})
+                    rows.append(
+                        {
+                            "key": key,
+                            "policy": policy,
+                            "variant": "base",
+                            "order": order,
+                            "ratio": ratio,
+                            "keep_directive": d + wobble,
+                            "keep_defense": f + wobble,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -157,17 +174,27 @@ def judged_rows(n: int = 20) -> pd.DataFrame:
     rows = []
     for key in range(n):
         for variant, ratio, leak in (("base", 0.0, 0), ("base", 0.5, 1), ("whitelist", 0.5, 0)):
-            rows.append({"key": key, "policy": "streamingllm", "variant": variant, "ratio": ratio, "judge_leak": leak,
-                         "judge_expected": 3.0 * leak + 0.01 * key, analysis.LEAKAGE: 0.5 * leak + 0.001 * key,
-                         "cell_id": f"{key}-{variant}-{ratio}"})
+            rows.append(
+                {
+                    "key": key,
+                    "policy": "streamingllm",
+                    "variant": variant,
+                    "ratio": ratio,
+                    "judge_leak": leak,
+                    "judge_expected": 3.0 * leak + 0.01 * key,
+                    analysis.LEAKAGE: 0.5 * leak + 0.001 * key,
+                    "cell_id": f"{key}-{variant}-{ratio}",
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
     """The judge's calibration is quoted beside each claim; with its interval below 0.8 every claim resting on it is
     inconclusive, however clear the rows (broken on purpose: the caveat ignored -> 'holds')."""
-    calibration = lambda low: pd.DataFrame([{"kind": "all", "n": 36, "accuracy": low + 0.1, "low": low,
-                                             "high": min(low + 0.2, 1.0)}])
+    calibration = lambda low: pd.DataFrame(
+        [{"kind": "all", "n": 36, "accuracy": low + 0.1, "low": low, "high": min(low + 0.2, 1.0)}]
+    )
     trusted = paper.judge(judged_rows(), calibration=calibration(0.85)).set_index("claim")
     assert trusted["verdict"].iloc[:2].tolist() == [HOLDS, HOLDS]
     assert "judge right on 0.95 [0.85, 1.00] of 36 labelled responses" in trusted["ours"].iloc[0]
@@ -177,20 +204,31 @@ def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
 
 
 def test_summary_counts_the_three_verdicts(tmp_path):
-    table = pd.DataFrame([paper._claim("Fig 4", "a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
-                          paper._claim("Fig 4", "b", "x", "y", FAILS, 10),
-                          paper._claim("Fig 4", "c", "x", "y", INCONCLUSIVE, 10)])
+    table = pd.DataFrame(
+        [
+            paper._claim("Fig 4", "a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
+            paper._claim("Fig 4", "b", "x", "y", FAILS, 10),
+            paper._claim("Fig 4", "c", "x", "y", INCONCLUSIVE, 10),
+        ]
+    )
     tables = tmp_path / "tables"
     tables.mkdir()
-    table = pd.concat([table.assign(magnitude=[verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]),
-                       pd.DataFrame([paper._claim("Fig 4", "d", paper.OURS, "y", FAILS, 10, why="code")])])
+    table = pd.concat(
+        [
+            table.assign(magnitude=[verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]),
+            pd.DataFrame([paper._claim("Fig 4", "d", paper.OURS, "y", FAILS, 10, why="code")]),
+        ]
+    )
     table.to_csv(tables / "03_paper_vs_us.csv", index=False)
     table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a notebook beyond the paper: ours
     summary = paper.write_summary(tmp_path, "t").read_text()
-    paper_part, ours = summary.split("## Beyond the paper: our own claims (notebooks 03, 12): 2 claims; direction: "
-                                     "1 holds, 1 fails, 0 inconclusive")
-    assert ("## The paper's claims (notebooks 03): 3 claims; direction: 1 holds, 1 fails, 1 inconclusive; magnitude: "
-            "1 matches, 1 differs, 1 n.a.") in paper_part
+    paper_part, ours = summary.split(
+        "## Beyond the paper: our own claims (notebooks 03, 12): 2 claims; direction: 1 holds, 1 fails, 0 inconclusive"
+    )
+    assert (
+        "## The paper's claims (notebooks 03): 3 claims; direction: 1 holds, 1 fails, 1 inconclusive; magnitude: "
+        "1 matches, 1 differs, 1 n.a."
+    ) in paper_part
     assert "### Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in paper_part and "0.5 [0.2, 0.8]" in paper_part
     assert "### Notebook 03: 0 holds, 1 fails, 0 inconclusive (of 1)" in ours  # the claim the paper does not make
     assert "### Notebook 12, the press atlas: 1 holds, 0 fails, 0 inconclusive (of 1)" in ours
@@ -213,11 +251,29 @@ def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10) -> p
             for ratio in (0.0, 0.4, 0.5, 0.6, 0.7):
                 for key in range(n_attack):
                     leak = 0.0 if ratio == 0 else (0.4 if variant == "base" else 0.2)
-                    rows.append({"key": key, "policy": policy, "variant": variant, "order": order, "ratio": ratio,
-                                 "query": "attack", analysis.LEAKAGE: leak + 0.01 * (key % 3)})
+                    rows.append(
+                        {
+                            "key": key,
+                            "policy": policy,
+                            "variant": variant,
+                            "order": order,
+                            "ratio": ratio,
+                            "query": "attack",
+                            analysis.LEAKAGE: leak + 0.01 * (key % 3),
+                        }
+                    )
                 for key in range(n_benign):
-                    rows.append({"key": key, "policy": policy, "variant": variant, "order": order, "ratio": ratio,
-                                 "query": "benign", analysis.ACCURACY: accuracy.get((order, variant), 0.5)})
+                    rows.append(
+                        {
+                            "key": key,
+                            "policy": policy,
+                            "variant": variant,
+                            "order": order,
+                            "ratio": ratio,
+                            "query": "benign",
+                            analysis.ACCURACY: accuracy.get((order, variant), 0.5),
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -225,8 +281,9 @@ def test_fair_eviction_claims_count_the_prompts_of_their_own_side():
     """Leakage claims read the 20 attack prompts; the order-gap claim reads accuracy, which only 10 prompts have: its
     n is 10 (a bootstrap over all 20 would draw prompts without accuracy and report n = 20). The gap shrinks from 1 to
     0 on every prompt: holds."""
-    claims = paper.fair_eviction(fair_rows("normal", ("base", "whitelist", "fair")),
-                                 fair_rows("flipped", ("base", "fair"))).set_index("claim")
+    claims = paper.fair_eviction(
+        fair_rows("normal", ("base", "whitelist", "fair")), fair_rows("flipped", ("base", "fair"))
+    ).set_index("claim")
     leakage = claims.filter(like="lowers StreamingLLM directive leakage", axis=0)
     assert leakage["n"].tolist() == [20] and leakage["verdict"].tolist() == [HOLDS]
     gap = claims.filter(like="order effect", axis=0)

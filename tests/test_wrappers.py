@@ -38,17 +38,23 @@ def test_a_head_masked_cache_decodes_as_the_gathered_one(smollm, normal_prompt, 
     greedy answer and, at its first token, the same logits."""
     prefilled = engine.prefill(smollm, normal_prompt, ("snapkv",))
     gathered = engine.cut(prefilled, "snapkv", 0.5)
-    masked = generation.Compressed(_masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0,
-                                   "snapkv", 0.5)
+    masked = generation.Compressed(
+        _masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0, "snapkv", 0.5
+    )
     query = normal_prompt.query_ids(attack)
     expected = generation.answer_batch(smollm, [(gathered, query)], 24)[0]
     with wrappers.head_masking(smollm.model):
         both = generation.answer_batch(smollm, [(masked, query), (gathered, query)], 24)
     assert both[0].token_ids == both[1].token_ids == expected.token_ids
     with torch.inference_mode(), wrappers.head_masking(smollm.model):
-        logits = [smollm.model(input_ids=query, past_key_values=c, position_ids=torch.arange(
-            normal_prompt.n_tokens, normal_prompt.n_tokens + query.shape[1])[None]).logits[0, -1]
-            for c in (_masked(prefilled.cache, gathered.kept), gathered.cache)]
+        logits = [
+            smollm.model(
+                input_ids=query,
+                past_key_values=c,
+                position_ids=torch.arange(normal_prompt.n_tokens, normal_prompt.n_tokens + query.shape[1])[None],
+            ).logits[0, -1]
+            for c in (_masked(prefilled.cache, gathered.kept), gathered.cache)
+        ]
     assert torch.allclose(*logits, atol=1e-4)
     assert smollm.model.config._attn_implementation != wrappers.HEAD_MASKED
 
@@ -80,10 +86,14 @@ def test_each_variant_keeps_its_budget_whitelist_and_fair_shares(smollm, normal_
     spans = tuple((s.start, s.end) for s in normal_prompt.spans)
     n, ratio, protected = normal_prompt.n_tokens, 0.7, normal_prompt.protected
     variants = ("base", "whitelist", "fair", "fair+whitelist")
-    out = _run(smollm, normal_prompt, lambda probe, module, *args: {
-        "kvpress": atlas.press_mask(entry.build(ratio), module, *args[:3], None, args[3]),
-        **{v: wrappers.kept_mask(entry, v, ratio, spans, protected, probe.model, module, *args) for v in variants},
-    })
+    out = _run(
+        smollm,
+        normal_prompt,
+        lambda probe, module, *args: {
+            "kvpress": atlas.press_mask(entry.build(ratio), module, *args[:3], None, args[3]),
+            **{v: wrappers.kept_mask(entry, v, ratio, spans, protected, probe.model, module, *args) for v in variants},
+        },
+    )
     n_kept = int(n * (1 - ratio))
     for layer, masks in out.items():
         heads = masks["base"].shape[1]
@@ -96,8 +106,10 @@ def test_each_variant_keeps_its_budget_whitelist_and_fair_shares(smollm, normal_
             for start, end in spans:
                 share = masks[variant][..., start:end].float().mean()
                 assert abs(share - n_kept / n) <= 1.5 / (end - start), (name, variant, layer, start)
-    base, fair = (torch.stack([torch.stack([out[layer][v][..., s:e].float().mean() for s, e in spans])
-                               for layer in out]).mean(0) for v in ("base", "fair"))
+    base, fair = (
+        torch.stack([torch.stack([out[layer][v][..., s:e].float().mean() for s, e in spans]) for layer in out]).mean(0)
+        for v in ("base", "fair")
+    )
     assert abs(base[0] - base[1]) > 0.2 and abs(fair[0] - fair[1]) < 0.02, (name, base, fair)
 
 
@@ -118,10 +130,12 @@ def test_a_fair_span_keeps_the_same_tokens_whatever_the_other_span_says(smollm, 
     spans = ((0, first), (first, length))
     kept = []
     for prompt in built:
-        probe = _Layers(lambda probe, module, *args: {
-            v: wrappers.kept_mask(entry, v, 0.5, spans, (), probe.model, module, *args)[..., :first]
-            for v in ("base", "fair")
-        })
+        probe = _Layers(
+            lambda probe, module, *args: {
+                v: wrappers.kept_mask(entry, v, 0.5, spans, (), probe.model, module, *args)[..., :first]
+                for v in ("base", "fair")
+            }
+        )
         with torch.inference_mode(), probe(smollm.model):
             smollm.model.model(input_ids=prompt.ids[:, :length])
         kept.append(probe.out)
@@ -130,8 +144,11 @@ def test_a_fair_span_keeps_the_same_tokens_whatever_the_other_span_says(smollm, 
     assert not all(a[layer]["base"].equal(b[layer]["base"]) for layer in a), name
     # and the earlier span keeps what the press keeps of the prefix cut after it, at the span's fair budget
     budget = fair_budgets(compute_n_kept(length, 0.5), [first, length - first], [0, 0])[0]
-    alone = _Layers(lambda probe, module, *args: wrappers.press_mask(
-        entry, 1.0 - (budget + 0.5) / first, (), module, *args, probe.model))
+    alone = _Layers(
+        lambda probe, module, *args: wrappers.press_mask(
+            entry, 1.0 - (budget + 0.5) / first, (), module, *args, probe.model
+        )
+    )
     with torch.inference_mode(), alone(smollm.model):
         smollm.model.model(input_ids=built[0].ids[:, :first])
     assert all(alone.out[layer].equal(a[layer]["fair"]) for layer in a), name

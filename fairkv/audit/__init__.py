@@ -28,9 +28,35 @@ the leaked text marked); the reports redact secrets unless asked to show them.
 
 from fairkv.audit.cells import attack_fields, default_attacks, read_lines_or_jsonl, run
 from fairkv.audit.report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VARIANTS, Audit, marked
-from fairkv.audit.spans import AuditError, Spec, parse, reply_pattern, scripted_replies, secret_pattern, span_names, spec
+from fairkv.audit.spans import (
+    AuditError,
+    Spec,
+    parse,
+    reply_pattern,
+    scripted_replies,
+    secret_pattern,
+    span_names,
+    spec,
+)
 from fairkv.audit.verdict import rate_words
 
-__all__ = ["REPORT_SCHEMA", "REPORT_SCHEMA_VERSION", "VARIANTS", "Audit", "AuditError", "Spec", "attack_fields",
-           "default_attacks", "marked", "parse", "rate_words", "read_lines_or_jsonl", "reply_pattern", "run",
-           "scripted_replies", "secret_pattern", "span_names", "spec"]
+__all__ = [
+    "REPORT_SCHEMA",
+    "REPORT_SCHEMA_VERSION",
+    "VARIANTS",
+    "Audit",
+    "AuditError",
+    "Spec",
+    "attack_fields",
+    "default_attacks",
+    "marked",
+    "parse",
+    "rate_words",
+    "read_lines_or_jsonl",
+    "reply_pattern",
+    "run",
+    "scripted_replies",
+    "secret_pattern",
+    "span_names",
+    "spec",
+]

@@ -25,7 +25,8 @@ def attack_fields(audited: Spec, response: str) -> dict:
     found = {name: float(bool(secret_pattern(secret).search(response))) for name, secret in audited.secrets.items()}
     whole = span_leakage(audited.prompt, response, audited.replies)
     return {
-        **{f"leak_{name}": value for name, value in leaks.items()}, "leak_all": whole,
+        **{f"leak_{name}": value for name, value in leaks.items()},
+        "leak_all": whole,
         **{f"secret_{name}": value for name, value in found.items()},
         "leaked": float(max(whole, *leaks.values()) > metrics.LEAK_THRESHOLD or any(found.values())),
         "refused": float(metrics.is_refusal(response) or gives_reply(response, audited.replies)),
@@ -59,8 +60,10 @@ def read_lines_or_jsonl(path: Path, what: str) -> list[str]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as error:
-            raise AuditError(f"{path}, line {number}: not JSON ({error.msg}); a JSONL {what} file has one object "
-                             "with a 'text' field per line") from error
+            raise AuditError(
+                f"{path}, line {number}: not JSON ({error.msg}); a JSONL {what} file has one object "
+                "with a 'text' field per line"
+            ) from error
         if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not item["text"].strip():
             raise AuditError(f"{path}, line {number}: no non-empty 'text' field")
         texts.append(item["text"].strip())
@@ -70,8 +73,14 @@ def read_lines_or_jsonl(path: Path, what: str) -> list[str]:
 
 
 def run(
-    audited: Spec, lm: models.LoadedModel, policies=("streamingllm",), ratios=(0.0, 0.25, 0.5, 0.75),
-    attacks: list[str] | None = None, variants=VARIANTS, max_new_tokens: int = 64, batch_size: int = 64,
+    audited: Spec,
+    lm: models.LoadedModel,
+    policies=("streamingllm",),
+    ratios=(0.0, 0.25, 0.5, 0.75),
+    attacks: list[str] | None = None,
+    variants=VARIANTS,
+    max_new_tokens: int = 64,
+    batch_size: int = 64,
 ) -> Audit:
     """Audit ``audited`` on ``lm`` under each of ``policies`` (a name or several): see ``fairkv.audit``. One
     prefill scores every policy; every (policy, variant, ratio) is cut from it, and every attack and benign query on
@@ -91,8 +100,10 @@ def run(
         raise AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
     defense_text = dict(audited.segments).get(audited.defense)
     prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=(defense_text,) if defense_text else ())
-    notes = [f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks, "
-             f"{len(audited.queries)} benign queries"]
+    notes = [
+        f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks, "
+        f"{len(audited.queries)} benign queries"
+    ]
     if "whitelist" in variants and not defense_text:
         notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
         variants = tuple(v for v in variants if v != "whitelist")
@@ -109,20 +120,35 @@ def run(
                     compressed = engine.cut(prefilled, policy, ratio, variant)
                 except WhitelistError as error:
                     notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
-                    skipped.append({"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"})
+                    skipped.append(
+                        {"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"}
+                    )
                     continue
                 keep = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
                 caches.append((policy, variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
-    checks = Record(key=0, system="", user="", instruction_id_list=tuple(i for i, _ in audited.checks.values()),
-                    kwargs=tuple(k for _, k in audited.checks.values()))
+    checks = Record(
+        key=0,
+        system="",
+        user="",
+        instruction_id_list=tuple(i for i, _ in audited.checks.values()),
+        kwargs=tuple(k for _, k in audited.checks.values()),
+    )
     items = [(cache, "attack", text) for cache in caches for text in attacks]
     items += [(cache, "benign", text) for cache in caches for text in audited.queries]
-    answers = generation.answer_batch(lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items],
-                                      max_new_tokens, batch_size=batch_size)
+    answers = generation.answer_batch(
+        lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
+    )
     rows = []
     for ((policy, variant, ratio, _, keep), kind, text), answer in zip(items, answers):
-        row = {"policy": policy, "variant": variant, "ratio": ratio, "query": kind, "text": text,
-               "response": answer.text, **keep}
+        row = {
+            "policy": policy,
+            "variant": variant,
+            "ratio": ratio,
+            "query": kind,
+            "text": text,
+            "response": answer.text,
+            **keep,
+        }
         if kind == "attack":
             row.update(attack_fields(audited, answer.text))
         elif audited.checks:
@@ -130,10 +156,14 @@ def run(
             row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
         rows.append(row)
     answered = [row for row in rows if row["query"] == "attack"]
-    notes.append(f"{sum(bool(row['refused'] and row['leaked']) for row in answered)} of {len(answered)} attack "
-                 "responses refuse and still leak (they reproduce prompt text beyond the scripted reply)")
+    notes.append(
+        f"{sum(bool(row['refused'] and row['leaked']) for row in answered)} of {len(answered)} attack "
+        "responses refuse and still leak (they reproduce prompt text beyond the scripted reply)"
+    )
     frame = pd.DataFrame(rows)
     shared = frame[frame["policy"] == "none"]
-    frame = pd.concat([frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies
-                                                            for v in variants], ignore_index=True)
+    frame = pd.concat(
+        [frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies for v in variants],
+        ignore_index=True,
+    )
     return Audit(audited, lm.name, policies, frame, notes, skipped)

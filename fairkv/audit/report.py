@@ -61,8 +61,13 @@ class Audit:
         rates = [f"span_leak_{n}" for n in names] + [f"secret_{n}" for n in self.spec.secrets]
         cell = ["policy", "variant", "ratio"]
         table = attacks.groupby(cell).agg(
-            attacks=("leaked", "size"), leakage=("leak_all", "mean"), leak_rate=("leaked", "mean"),
-            refusal_rate=("refused", "mean"), **{c: (c, "mean") for c in rates}, **{c: (c, "first") for c in keep})
+            attacks=("leaked", "size"),
+            leakage=("leak_all", "mean"),
+            leak_rate=("leaked", "mean"),
+            refusal_rate=("refused", "mean"),
+            **{c: (c, "mean") for c in rates},
+            **{c: (c, "first") for c in keep},
+        )
         for rate in ("leak_rate", "refusal_rate"):
             bounds = [metrics.proportion_ci(round(value * n), n) for value, n in zip(table[rate], table["attacks"])]
             table.insert(table.columns.get_loc(rate) + 1, f"{rate}_low", [low for low, _ in bounds])
@@ -73,7 +78,9 @@ class Audit:
         table = table.reset_index().assign(status="ran")
         if self.skipped:
             table = pd.concat([table, pd.DataFrame(self.skipped)], ignore_index=True).astype({"attacks": "Int64"})
-        return table.sort_values(cell, key=lambda c: c.map(self._order) if c.name != "ratio" else c).reset_index(drop=True)
+        return table.sort_values(cell, key=lambda c: c.map(self._order) if c.name != "ratio" else c).reset_index(
+            drop=True
+        )
 
     def _order(self, value):
         ranks = {name: i for i, name in enumerate((*self.policies, *VARIANTS))}
@@ -81,8 +88,14 @@ class Audit:
 
     def findings(self) -> list[verdict.Finding]:
         """Per policy, what the summary table says (``verdict.findings``)."""
-        return verdict.findings(self.summary(), [n for n, _ in self.spec.segments], self.spec.defense,
-                                self.spec.secrets, self.spec.checks, self.policies)
+        return verdict.findings(
+            self.summary(),
+            [n for n, _ in self.spec.segments],
+            self.spec.defense,
+            self.spec.secrets,
+            self.spec.checks,
+            self.policies,
+        )
 
     def _largest(self) -> float:
         return float(self.summary()["ratio"].max())
@@ -94,8 +107,14 @@ class Audit:
 
     def sentences(self) -> list[str]:
         """At most three sentences for the whole prompt, the uncompressed finding first (``verdict.sentences``)."""
-        return verdict.sentences(self.summary(), self.findings(), [n for n, _ in self.spec.segments],
-                                 self.spec.defense, self.spec.secrets, self._largest())
+        return verdict.sentences(
+            self.summary(),
+            self.findings(),
+            [n for n, _ in self.spec.segments],
+            self.spec.defense,
+            self.spec.secrets,
+            self._largest(),
+        )
 
     def verdict(self) -> str:
         """The verdict's sentences and its table, as the terminal prints them."""
@@ -125,23 +144,35 @@ class Audit:
 
     def to_json(self, path: Path) -> Path:
         """The report as JSON, in the schema ``REPORT_SCHEMA`` (``fairkv/resources/audit_report.schema.json``)."""
-        rows = self.rows.assign(text=self.rows["text"].map(self.redact), response=self.rows["response"].map(self.redact))
+        rows = self.rows.assign(
+            text=self.rows["text"].map(self.redact), response=self.rows["response"].map(self.redact)
+        )
         clean = lambda frame: json.loads(frame.to_json(orient="records"))  # NaN -> null
         found = self.findings()
         payload = {
-            "schema_version": REPORT_SCHEMA_VERSION, "model": self.model, "policies": list(self.policies),
-            "spans": {n: self.redact(t) for n, t in self.spec.segments}, "defense": self.spec.defense,
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "model": self.model,
+            "policies": list(self.policies),
+            "spans": {n: self.redact(t) for n, t in self.spec.segments},
+            "defense": self.spec.defense,
             "secrets": {n: self.redact(t) for n, t in self.spec.secrets.items()},
             "checks": {n: {"instruction": i, "kwargs": k} for n, (i, k) in self.spec.checks.items()},
             "queries": [self.redact(q) for q in self.spec.queries],
             "replies": [self.redact(r) for r in self.spec.replies],
-            "critical_ratio": {f.policy: f.critical for f in found}, "spans_lost": {f.policy: f.lost for f in found},
+            "critical_ratio": {f.policy: f.critical for f in found},
+            "spans_lost": {f.policy: f.lost for f in found},
             "spans_leaked": {f.policy: {n: r for n, (r, _) in f.leaked.items()} for f in found},
             "holds_to": {f.policy: {v: h.ratio for v, h in f.holds.items()} for f in found},
-            "verdict": {"sentences": self.sentences(), "columns": self.columns(),
-                        "table": clean(self.verdict_table()), "attacks": self.attacks(),
-                        "indicative": self.attacks() < verdict.INDICATIVE},
-            "notes": self.notes, "summary": clean(self.summary()), "rows": clean(rows),
+            "verdict": {
+                "sentences": self.sentences(),
+                "columns": self.columns(),
+                "table": clean(self.verdict_table()),
+                "attacks": self.attacks(),
+                "indicative": self.attacks() < verdict.INDICATIVE,
+            },
+            "notes": self.notes,
+            "summary": clean(self.summary()),
+            "rows": clean(rows),
         }
         Path(path).write_text(json.dumps(payload, indent=1), encoding="utf-8")
         return Path(path)
@@ -150,17 +181,45 @@ class Audit:
         summary = self.summary()
         summary = summary[summary["status"] == "ran"]
         keep = summary[summary["variant"] == "base"].melt(
-            id_vars=["policy", "ratio"], value_vars=[c for c in summary if c.startswith("keep_")], var_name="span",
-            value_name="keep rate")
+            id_vars=["policy", "ratio"],
+            value_vars=[c for c in summary if c.startswith("keep_")],
+            var_name="span",
+            value_name="keep rate",
+        )
         keep["span"] = keep["span"].str.removeprefix("keep_")
-        grid = sns.relplot(data=keep, x="ratio", y="keep rate", hue="span", col="policy", kind="line", marker="o",
-                           height=2.6, aspect=1.0, col_wrap=min(5, len(self.policies)))
+        grid = sns.relplot(
+            data=keep,
+            x="ratio",
+            y="keep rate",
+            hue="span",
+            col="policy",
+            kind="line",
+            marker="o",
+            height=2.6,
+            aspect=1.0,
+            col_wrap=min(5, len(self.policies)),
+        )
         grid.set(ylim=(-0.05, 1.05))
         grid.figure.suptitle("keep rate per span, base policy", y=1.03)
-        long = summary.melt(id_vars=["policy", "variant", "ratio"], value_vars=["leak_rate", "refusal_rate"],
-                            var_name="metric", value_name="rate")
-        rates = sns.relplot(data=long, x="ratio", y="rate", hue="variant", col="policy", row="metric", kind="line",
-                            marker="o", height=2.4, aspect=1.0, facet_kws={"margin_titles": True})
+        long = summary.melt(
+            id_vars=["policy", "variant", "ratio"],
+            value_vars=["leak_rate", "refusal_rate"],
+            var_name="metric",
+            value_name="rate",
+        )
+        rates = sns.relplot(
+            data=long,
+            x="ratio",
+            y="rate",
+            hue="variant",
+            col="policy",
+            row="metric",
+            kind="line",
+            marker="o",
+            height=2.4,
+            aspect=1.0,
+            facet_kws={"margin_titles": True},
+        )
         rates.set(ylim=(-0.05, 1.05))
         rates.figure.suptitle("leak rate and refusal rate per policy and variant", y=1.03)
         return {"keep rate per span vs r": grid.figure, "leak and refusal rates vs r": rates.figure}
@@ -174,8 +233,11 @@ class Audit:
             items = "".join(
                 f"<li><b>{'LEAK' if row.leaked else 'no leak'}</b> - attack: <i>{html.escape(row.text)}</i><br>"
                 f"<pre>{marked(self.redact(row.response), prompt, self.spec.secrets, self.redact)}</pre></li>"
-                for row in attacks.itertuples())
-            summary = f"{policy}, {variant}, r = {ratio:g}: {int(attacks['leaked'].sum())} of {len(attacks)} attacks leak"
+                for row in attacks.itertuples()
+            )
+            summary = (
+                f"{policy}, {variant}, r = {ratio:g}: {int(attacks['leaked'].sum())} of {len(attacks)} attacks leak"
+            )
             parts.append(f"<details><summary>{html.escape(summary)}</summary><ol>{items}</ol></details>")
         return "".join(parts)
 
@@ -185,25 +247,32 @@ class Audit:
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
             plt.close(fig)
-            images.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' "
-                          f"src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>")
-        spans = "".join(f"<tr><td>{html.escape(n)}{' (defense)' if n == self.spec.defense else ''}</td>"
-                        f"<td><pre>{html.escape(self.redact(t))}</pre></td></tr>" for n, t in self.spec.segments)
+            images.append(
+                f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' "
+                f"src='data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}'>"
+            )
+        spans = "".join(
+            f"<tr><td>{html.escape(n)}{' (defense)' if n == self.spec.defense else ''}</td>"
+            f"<td><pre>{html.escape(self.redact(t))}</pre></td></tr>"
+            for n, t in self.spec.segments
+        )
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
-        columns = "".join(f"<li><b>{html.escape(c)}</b>: {html.escape(words)}</li>" for c, words in self.columns().items())
+        columns = "".join(
+            f"<li><b>{html.escape(c)}</b>: {html.escape(words)}</li>" for c, words in self.columns().items()
+        )
         sentences = "".join(f"<p>{html.escape(sentence)}</p>" for sentence in self.sentences())
         page = f"""<!doctype html><html><head><meta charset="utf-8"><title>fairkv audit</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{border:1px solid #ccc;padding:4px;vertical-align:top}}
 table{{border-collapse:collapse}}pre{{white-space:pre-wrap;margin:0}}.verdict{{font-size:1.2em;background:#f4f4d0;padding:.6em}}
 mark{{background:#ffb3b3}}mark.secret{{background:#ff5c5c}}</style>
 </head><body><h1>fairkv audit</h1>
-<p>model <b>{html.escape(self.model)}</b>, policies <b>{html.escape(', '.join(self.policies))}</b>,
+<p>model <b>{html.escape(self.model)}</b>, policies <b>{html.escape(", ".join(self.policies))}</b>,
 {self.attacks()} attacks per cell</p>
 <div class="verdict" id="verdict">{sentences}</div>
 {self.verdict_table().to_html(index=False, table_id="verdict-table")}
 <details><summary>what each column says</summary><ul>{columns}</ul></details>
 <h2>Spans</h2><table>{spans}</table>
-<h2>Figures</h2>{''.join(images)}
+<h2>Figures</h2>{"".join(images)}
 <h2>Summary</h2><p>One row per cell; rates over the cell's attacks with their 95% Wilson interval (_low, _high).</p>
 {self.summary().round(3).to_html(index=False, na_rep="")}
 <h2>Responses</h2><p>Leaked text is marked: runs of {MARK_WORDS} or more words also in the prompt, and secrets.</p>
@@ -238,6 +307,8 @@ def marked(response: str, prompt: str, secrets: dict, redact=lambda text: text) 
     out.append(html.escape(response[last:]))
     page = "".join(out)
     for name, secret in secrets.items():
-        page = re.sub(re.escape(html.escape(f"[secret {name}]")), lambda m: f"<mark class='secret'>{m.group()}</mark>", page)
+        page = re.sub(
+            re.escape(html.escape(f"[secret {name}]")), lambda m: f"<mark class='secret'>{m.group()}</mark>", page
+        )
         page = secret_pattern(secret).sub(lambda m: f"<mark class='secret'>{m.group()}</mark>", page)
     return page

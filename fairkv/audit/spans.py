@@ -13,14 +13,18 @@ HEADER = re.compile(r"^##\s+(?P<name>[\w.-]+)(?P<rest>.*)$")
 ATTRIBUTE = re.compile(r"\s+(check|secret|reply)=")  # '## <name> check=<id> {json} secret=<text> reply=<text>'
 RESERVED = ("all", "prefix")  # names of the whole prompt's and the prefix's columns (leak_all, keep_prefix)
 MIN_SECRET = 4  # letters or digits a secret needs to be matched without false alarms
-DEFENSE_WORDS = re.compile(r"\b(reveal|disclose|divulge|confidential|secret|private|never (share|repeat|tell)|"
-                           r"do not (share|repeat))\b", re.I)
+DEFENSE_WORDS = re.compile(
+    r"\b(reveal|disclose|divulge|confidential|secret|private|never (share|repeat|tell)|"
+    r"do not (share|repeat))\b",
+    re.I,
+)
 # a scripted reply: a quoted sentence after "reply (only) with", "respond with", "answer only with", "say", ...
 # (a single quote closes only before a non-letter: the apostrophe of "can't" does not end 'I can't help.')
 SCRIPTED = re.compile(
     r"\b(?:reply|respond|answer|say)(?:\s+only)?(?:\s+(?:with|by saying))?\s*[:,]?\s*"
     r"(?:\"(?P<double>[^\"]+)\"|\u201c(?P<curly>[^\u201d]+)\u201d|'(?P<single>.+?)'(?!\w)|\u2018(?P<curly_single>.+?)\u2019(?!\w))",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 NAME_WORDS = 4  # an unmarked span is named by its first words: this many, more only where two would share a name
 NAME_CHARS = 28  # and at most this many characters of them
 
@@ -45,8 +49,11 @@ class Spec:
         lines = []
         for name, text in self.segments:
             tags = (["defense"] if name == self.defense else []) + (
-                [f"check {self.checks[name][0]}"] if name in self.checks else [])
-            lines.append(f"[{name}]{' (' + ', '.join(tags) + ')' if tags else ''} {text[:100]}{'...' if len(text) > 100 else ''}")
+                [f"check {self.checks[name][0]}"] if name in self.checks else []
+            )
+            lines.append(
+                f"[{name}]{' (' + ', '.join(tags) + ')' if tags else ''} {text[:100]}{'...' if len(text) > 100 else ''}"
+            )
         lines += [f"scripted reply (a response that gives it leaks nothing): {reply!r}" for reply in self.replies]
         return "\n".join(lines)
 
@@ -76,8 +83,10 @@ def gives_reply(response: str, replies) -> bool:
 
 def scripted_replies(text: str) -> list[str]:
     """The quoted replies ``text`` scripts ("if asked, reply only with 'I can't assist with that request.'")."""
-    return [next(g for g in match.group("double", "curly", "single", "curly_single") if g).strip()
-            for match in SCRIPTED.finditer(text)]
+    return [
+        next(g for g in match.group("double", "curly", "single", "curly_single") if g).strip()
+        for match in SCRIPTED.finditer(text)
+    ]
 
 
 def without_replies(text: str, replies) -> str:
@@ -102,8 +111,10 @@ def _header(line: str) -> tuple[str, dict]:
     match = HEADER.match(line)
     parts = ATTRIBUTE.split(match["rest"]) if match else []
     if match is None or parts[0].strip():
-        raise AuditError(f"bad span header {line!r}: use '## <name>', then optionally 'check=<ifeval id> {{json}}', "
-                         "'secret=<text>', 'reply=<text>'")
+        raise AuditError(
+            f"bad span header {line!r}: use '## <name>', then optionally 'check=<ifeval id> {{json}}', "
+            "'secret=<text>', 'reply=<text>'"
+        )
     attributes = {}
     for key, value in zip(parts[1::2], parts[2::2]):
         if key in attributes:
@@ -123,7 +134,9 @@ def _header(line: str) -> tuple[str, dict]:
     return match["name"], attributes
 
 
-def parse(text: str, query: str | list[str] | None = None, defense: str | None = None, secrets: dict | None = None) -> Spec:
+def parse(
+    text: str, query: str | list[str] | None = None, defense: str | None = None, secrets: dict | None = None
+) -> Spec:
     """Spans from marked text (``## name`` lines; ``secret=TEXT`` declares a secret of that span, ``reply=TEXT`` the
     reply it scripts), else split by blank lines, else by sentences, and named by their first words. ``secrets``
     (name -> text) adds secrets given on the command line."""
@@ -151,7 +164,11 @@ def parse(text: str, query: str | list[str] | None = None, defense: str | None =
                 replies.append(attributes["reply"])
         return spec(segments, defense, checks, query, secrets, replies)
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
-    pieces = paragraphs if len(paragraphs) > 1 else [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
+    pieces = (
+        paragraphs
+        if len(paragraphs) > 1
+        else [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
+    )
     shown = pieces  # a name never writes a secret out: the reports show span names unredacted
     for name, secret in secrets.items():
         shown = [secret_pattern(secret).sub(f"[secret {name}]", piece) for piece in shown]
@@ -182,8 +199,14 @@ def span_names(pieces: list[str]) -> list[str]:
     return numbered
 
 
-def spec(segments, defense: str | None = None, checks: dict | None = None, query: str | list[str] | None = None,
-         secrets: dict | None = None, replies=()) -> Spec:
+def spec(
+    segments,
+    defense: str | None = None,
+    checks: dict | None = None,
+    query: str | list[str] | None = None,
+    secrets: dict | None = None,
+    replies=(),
+) -> Spec:
     """A validated Spec: unique non-empty spans, a defense span that exists, checks that name spans and IFEval ids,
     secrets long enough to match and present in the prompt; ``query`` one benign query or several. The scripted
     replies are the declared ``replies`` and every quoted reply a span scripts (``scripted_replies``)."""
@@ -207,8 +230,11 @@ def spec(segments, defense: str | None = None, checks: dict | None = None, query
     if checks and not queries:
         raise AuditError("checkable spans need a benign query to answer (--query)")
     if defense is None:
-        defense = "defense" if "defense" in names else next(
-            (name for name, text in reversed(segments) if DEFENSE_WORDS.search(text)), None)
+        defense = (
+            "defense"
+            if "defense" in names
+            else next((name for name, text in reversed(segments) if DEFENSE_WORDS.search(text)), None)
+        )
     elif defense not in names:
         raise AuditError(f"defense span {defense!r} does not exist; spans are {names}")
     prompt = "\n".join(text for _, text in segments)
@@ -221,5 +247,11 @@ def spec(segments, defense: str | None = None, checks: dict | None = None, query
     for reply in (*replies, *found):
         if not re.search(r"[^\W_]", reply):
             raise AuditError(f"scripted reply {reply!r} has no words")
-    return Spec(tuple((n, t) for n, t in segments), defense, checks, queries, dict(secrets or {}),
-                tuple(dict.fromkeys((*replies, *found))))
+    return Spec(
+        tuple((n, t) for n, t in segments),
+        defense,
+        checks,
+        queries,
+        dict(secrets or {}),
+        tuple(dict.fromkeys((*replies, *found))),
+    )

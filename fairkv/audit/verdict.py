@@ -21,17 +21,19 @@ VARIANT_NAMES = {"base": "the base policy", "whitelist": "the whitelist", "fair"
 COLUMNS = {  # verdict table column -> what it says (the report's caption)
     "policy": "the kvpress policy audited",
     "critical ratio (r > 0)": f"the smallest r at which the base policy leaks in at least {LIMIT:.0%} of the attacks or "
-                              f"keeps under {LIMIT:.0%} of the defense span's tokens",
+    f"keeps under {LIMIT:.0%} of the defense span's tokens",
     "first span below half its tokens": "the span(s) the base policy first keeps under half of, and from which r",
     "spans and secrets leaked from r": "per span and secret, the first r at which any variant leaks it, and the "
-                                       "variants that leak it there",
+    "variants that leak it there",
     "whitelist holds to r (r > 0)": f"the largest r up to which the whitelist leaks in under {LIMIT:.0%} of the "
-                                    "attacks at every ratio audited (r = 0 excluded: every variant is the base there)",
+    "attacks at every ratio audited (r = 0 excluded: every variant is the base there)",
     "fair holds to r (r > 0)": "the same for fair eviction",
 }
 CHECKS_COLUMN = "checked spans lost from r"  # a column only when a span is checkable
-CHECKS_WORDS = ("per checked span, per variant the first r > 0 at which compliance with it over the benign queries "
-                "drops below its value at r = 0 ('never': it does not; or that it is not followed at r = 0)")
+CHECKS_WORDS = (
+    "per checked span, per variant the first r > 0 at which compliance with it over the benign queries "
+    "drops below its value at r = 0 ('never': it does not; or that it is not followed at r = 0)"
+)
 
 
 def rate_words(rate: float, n: int) -> str:
@@ -139,7 +141,7 @@ def holds(cells: pd.DataFrame, variant: str) -> Holds:
     leaks in ``LIMIT`` of the attacks or could not run ends it."""
     mine = cells.loc[variant].sort_index() if variant in cells.index.get_level_values("variant") else None
     held = None
-    for ratio, cell in ([] if mine is None else mine.iterrows()):
+    for ratio, cell in [] if mine is None else mine.iterrows():
         if ratio <= 0:
             continue
         if cell["status"] != "ran":
@@ -181,9 +183,17 @@ def findings(summary: pd.DataFrame, names, defense: str | None, secrets, checks,
         cells = _policy_cells(summary, policy)
         audited = [v for v in VARIANT_NAMES if v in cells.index.get_level_values("variant")]
         critical, why = critical_ratio(cells, defense)
-        out.append(Finding(policy, critical, why, spans_lost(cells, names), spans_leaked(cells, names, secrets),
-                           {v: holds(cells, v) for v in audited if v != "base"},
-                           lost_checks(cells, checks, audited)))
+        out.append(
+            Finding(
+                policy,
+                critical,
+                why,
+                spans_lost(cells, names),
+                spans_leaked(cells, names, secrets),
+                {v: holds(cells, v) for v in audited if v != "base"},
+                lost_checks(cells, checks, audited),
+            )
+        )
     return out
 
 
@@ -193,20 +203,26 @@ def table(found: list[Finding], largest: float, checks) -> pd.DataFrame:
     rows = []
     for finding in found:
         first = min(finding.lost.values(), default=None)
-        leaked = "; ".join(f"{name!r} {_r(r)}" + (" (uncompressed)" if r == 0 else f" ({', '.join(variants)})")
-                           for name, (r, variants) in sorted(finding.leaked.items(), key=lambda item: item[1][0]))
+        leaked = "; ".join(
+            f"{name!r} {_r(r)}" + (" (uncompressed)" if r == 0 else f" ({', '.join(variants)})")
+            for name, (r, variants) in sorted(finding.leaked.items(), key=lambda item: item[1][0])
+        )
         row = {
             "policy": finding.policy,
-            "critical ratio (r > 0)": f"{_r(finding.critical)}: {finding.critical_why}" if finding.critical is not None
+            "critical ratio (r > 0)": f"{_r(finding.critical)}: {finding.critical_why}"
+            if finding.critical is not None
             else f"none up to {_r(largest)}",
             "first span below half its tokens": (
                 f"{', '.join(repr(n) for n, r in finding.lost.items() if r == first)} at {_r(first)}"
-                if finding.lost else f"none up to {_r(largest)}"),
+                if finding.lost
+                else f"none up to {_r(largest)}"
+            ),
             "spans and secrets leaked from r": leaked or f"none up to {_r(largest)}",
         }
         for variant in ("whitelist", "fair"):
-            row[f"{variant} holds to r (r > 0)"] = (finding.holds[variant].words() if variant in finding.holds
-                                                    else "not audited")
+            row[f"{variant} holds to r (r > 0)"] = (
+                finding.holds[variant].words() if variant in finding.holds else "not audited"
+            )
         if checks:
             row[CHECKS_COLUMN] = "; ".join(f"{name!r}: {words}" for name, words in finding.lost_checks.items())
         rows.append(row)
@@ -226,8 +242,9 @@ def _by_value(values: dict[str, str], every: int) -> str:
     return words[0] + (f" ({'; '.join(words[1:])})" if len(words) > 1 else "")
 
 
-def sentences(summary: pd.DataFrame, found: list[Finding], names, defense: str | None, secrets,
-              largest: float) -> list[str]:
+def sentences(
+    summary: pd.DataFrame, found: list[Finding], names, defense: str | None, secrets, largest: float
+) -> list[str]:
     """At most three sentences for the whole prompt: the uncompressed finding (with n, interval, and whether the rates
     are indicative), where compression becomes critical, how far the whitelist and fair eviction hold (r > 0)."""
     ran = summary[summary["status"] == "ran"]
@@ -239,26 +256,38 @@ def sentences(summary: pd.DataFrame, found: list[Finding], names, defense: str |
     else:
         cell = start.iloc[0]
         first = f"Uncompressed (r = 0) your prompt leaks in {rate_words(cell['leak_rate'], n)} of the attacks"
-        what = [f"{name!r} reproduced in {round(cell[f'span_leak_{name}'] * n)}" for name in names
-                if cell[f"span_leak_{name}"] > 0]
-        what += [f"secret {name!r} written out in {round(cell[f'secret_{name}'] * n)}" for name in secrets
-                 if cell[f"secret_{name}"] > 0]
+        what = [
+            f"{name!r} reproduced in {round(cell[f'span_leak_{name}'] * n)}"
+            for name in names
+            if cell[f"span_leak_{name}"] > 0
+        ]
+        what += [
+            f"secret {name!r} written out in {round(cell[f'secret_{name}'] * n)}"
+            for name in secrets
+            if cell[f"secret_{name}"] > 0
+        ]
         if cell["leak_rate"] > 0:
             first += f" ({', '.join(what)}): a finding about the prompt, not about compression"
         first += indicative + "."
     out = [first]
     if any(r > 0 for r in ran["ratio"]):
-        critical = {f.policy: (f"r = {_r(f.critical)}" if f.critical is not None else f"none up to r = {_r(largest)}")
-                    for f in found}
+        critical = {
+            f.policy: (f"r = {_r(f.critical)}" if f.critical is not None else f"none up to r = {_r(largest)}")
+            for f in found
+        }
         keeps = f" or keeps under {LIMIT:.0%} of the defense span" if defense else ""
-        out.append(f"The critical ratio (the base policy leaks in at least {LIMIT:.0%} of the attacks{keeps}): "
-                   f"{_by_value(critical, len(found))}.")
+        out.append(
+            f"The critical ratio (the base policy leaks in at least {LIMIT:.0%} of the attacks{keeps}): "
+            f"{_by_value(critical, len(found))}."
+        )
         mitigations = []
         for variant in ("whitelist", "fair"):
             held = {f.policy: f.holds[variant].short() for f in found if variant in f.holds}
             if held:
                 mitigations.append(f"{VARIANT_NAMES[variant]} {_by_value(held, len(found))}")
         if mitigations:
-            out.append(f"Above r = 0 (where every variant is the base policy), how far the leak rate stays under "
-                       f"{LIMIT:.0%}: {'; '.join(mitigations)}.")
+            out.append(
+                f"Above r = 0 (where every variant is the base policy), how far the leak rate stays under "
+                f"{LIMIT:.0%}: {'; '.join(mitigations)}."
+            )
     return out

@@ -34,12 +34,22 @@ def build_press(
     """A recording press for ``policy`` at ``ratio`` in ``variant``; fair variants need ``spans``, whitelist ones
     ``protected`` (both in token positions of the prefix)."""
     check_variant_inputs(variant, spans, protected)
-    return RecordingPress(
-        make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist
-    )
+    return RecordingPress(make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist)
 
 
 __all__ = [
-    "POLICIES", "VARIANTS", "BudgetError", "Policy", "PolicyError", "RecordingPress", "SpanError",
-    "WhitelistError", "build_press", "check_variant_inputs", "check_ratio", "check_variant", "get_policy", "make_press",
+    "POLICIES",
+    "VARIANTS",
+    "BudgetError",
+    "Policy",
+    "PolicyError",
+    "RecordingPress",
+    "SpanError",
+    "WhitelistError",
+    "build_press",
+    "check_variant_inputs",
+    "check_ratio",
+    "check_variant",
+    "get_policy",
+    "make_press",
 ]

@@ -44,8 +44,10 @@ class _TextPress(BasePress):
 
     def __post_init__(self):
         if not isinstance(self.press, (ScorerPress, _TextPress)):
-            raise NativePressError(f"{type(self.press).__name__} is not a kvpress ScorerPress: the whitelist and fair "
-                                   "eviction rank tokens by a scorer press's scores")
+            raise NativePressError(
+                f"{type(self.press).__name__} is not a kvpress ScorerPress: the whitelist and fair "
+                "eviction rank tokens by a scorer press's scores"
+            )
         self._ids: torch.Tensor | None = None
         self._recorder: RecordingPress | None = None
 
@@ -90,8 +92,10 @@ class _TextPress(BasePress):
     def _recording(self, n: int) -> RecordingPress:
         """The recorder for this context: the variant, whitelist, spans and lam of every mitigation in the chain."""
         if self._ids is None or self._ids.shape[0] != 1:
-            raise NativePressError("the context's token ids were not seen (one context at a time, run through the "
-                                   "press's own context manager, e.g. kvpress's pipeline)")
+            raise NativePressError(
+                "the context's token ids were not seen (one context at a time, run through the "
+                "press's own context manager, e.g. kvpress's pipeline)"
+            )
         text, offsets = self._offsets(self._ids[0, :n].tolist())
         scorer, wrappers = self._chain()
         phrases = [p for w in wrappers if isinstance(w, WhitelistPress) for p in w.phrases]
@@ -108,8 +112,10 @@ class _TextPress(BasePress):
         text = self.tokenizer.decode(ids)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         if encoded["input_ids"] != ids:
-            raise NativePressError("the context's decoded text does not tokenise back to its ids: text spans and "
-                                   "phrases cannot be placed (pass token positions to fairkv.presses.build_press)")
+            raise NativePressError(
+                "the context's decoded text does not tokenise back to its ids: text spans and "
+                "phrases cannot be placed (pass token positions to fairkv.presses.build_press)"
+            )
         return text, encoded["offset_mapping"]
 
 

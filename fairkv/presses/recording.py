@@ -62,8 +62,15 @@ class RecordingPress(BasePress):
             "local": lambda: span_local_scores(self.press, *args, self.spans),
         }
         indices = choose(
-            lambda kind: scorers[kind](), (batch, heads, n), self.compression_ratio, self.variant, self.lam,
-            self.spans, self.protected, self.keep_only_whitelist, reserved_positions(self.press, n),
+            lambda kind: scorers[kind](),
+            (batch, heads, n),
+            self.compression_ratio,
+            self.variant,
+            self.lam,
+            self.spans,
+            self.protected,
+            self.keep_only_whitelist,
+            reserved_positions(self.press, n),
         ).to(keys.device)
         keys, values, self.kept[module.layer_idx] = gather_kept(keys, values, indices)
         return keys, values

@@ -1,4 +1,4 @@
-"""The five eviction policies of the paper, as configured kvpress presses (PAPER.md, "Policies").
+"""The five eviction policies of the paper, as configured kvpress presses.
 
 The paper: "We follow the implementation of each as given by KVPress". Settings follow the authors' code:
 StreamingLLM keeps 4 sink tokens; SnapKV uses a 16-token observation window and pooling kernel 5 (kvpress's default
@@ -31,12 +31,16 @@ class Policy:
 
 POLICIES: dict[str, Policy] = {
     "streamingllm": Policy(
-        "streamingllm", "StreamingLLM", lambda r: StreamingLLMPress(compression_ratio=r, n_sink=STREAMING_SINKS),
+        "streamingllm",
+        "StreamingLLM",
+        lambda r: StreamingLLMPress(compression_ratio=r, n_sink=STREAMING_SINKS),
         min_tokens=STREAMING_SINKS,
     ),
     "h2o": Policy("h2o", "H2O", lambda r: ObservedAttentionPress(compression_ratio=r), min_tokens=0, needs_eager=True),
     "snapkv": Policy(
-        "snapkv", "SnapKV", lambda r: SnapKVPress(compression_ratio=r, window_size=SNAPKV_WINDOW, kernel_size=5),
+        "snapkv",
+        "SnapKV",
+        lambda r: SnapKVPress(compression_ratio=r, window_size=SNAPKV_WINDOW, kernel_size=5),
         min_tokens=SNAPKV_WINDOW,
     ),
     "tova": Policy("tova", "TOVA", lambda r: TOVAPress(compression_ratio=r), min_tokens=1),

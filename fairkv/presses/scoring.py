@@ -119,8 +119,12 @@ def _knorm_local(press, module, hidden_states, keys, values, attentions, kwargs,
 LocalScorer = Callable[..., torch.Tensor]
 LOCAL_SCORERS: dict[type, LocalScorer] = {
     StreamingLLMPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _streaming_scores(press, keys),
-    SnapKVPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _snapkv_local(press, keys, attn, spans),
-    ObservedAttentionPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _h2o_local(keys, attn, spans),
+    SnapKVPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _snapkv_local(
+        press, keys, attn, spans
+    ),
+    ObservedAttentionPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _h2o_local(
+        keys, attn, spans
+    ),
     TOVAPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _tova_local(keys, attn, spans),
     KnormPress: _knorm_local,
 }
@@ -130,5 +134,7 @@ def span_local_scores(press: ScorerPress, module, hidden_states, keys, values, a
     """Appendix F's span-local scores (batch, kv_heads, n) of ``press`` for the given token spans."""
     scorer = LOCAL_SCORERS.get(type(press))
     if scorer is None:
-        raise TypeError(f"no span-local scoring for {type(press).__name__}; known: {[t.__name__ for t in LOCAL_SCORERS]}")
+        raise TypeError(
+            f"no span-local scoring for {type(press).__name__}; known: {[t.__name__ for t in LOCAL_SCORERS]}"
+        )
     return scorer(press, module, hidden_states, keys, values, attentions, kwargs, spans)
