@@ -181,11 +181,11 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
     comes first (e.g. synthetic data). At the ``ci`` profile it says that the run checks the pipeline, not the
     science."""
     said = [note] if note else []
-    counted = ", ".join(f"{int((table['verdict'] == v).sum())} {v}" for v in verdicts.VERDICTS)
-    sized = ", ".join(f"{int((table['magnitude'] == v).sum())} {v}" for v in verdicts.MAGNITUDES)
+    directions = counted(table, "verdict", verdicts.VERDICTS)
+    sized = counted(table, "magnitude", verdicts.MAGNITUDES)
     said.append(
         f"**What we see** on {model} ({profile} profile, n = {n} prompts): of {len(table)} claims, in "
-        f"direction {counted}; in magnitude {sized}"
+        f"direction {directions}; in magnitude {sized}"
     )
     if profile == "ci":
         said.append(
@@ -1195,15 +1195,15 @@ def write_summary(folder: Path, title: str) -> Path:
         if not section:
             continue
         every = pd.concat(section.values())
-        magnitudes = "" if mine else f"; magnitude: {_counted(every, 'magnitude', verdicts.MAGNITUDES)}"
+        magnitudes = "" if mine else f"; magnitude: {counted(every, 'magnitude', verdicts.MAGNITUDES)}"
         parts.append(
             f"## {heading} (notebooks {', '.join(section)}): {len(every)} claim{'s' * (len(every) != 1)}; "
-            f"direction: {_counted(every, 'verdict', verdicts.VERDICTS)}{magnitudes}\n"
+            f"direction: {counted(every, 'verdict', verdicts.VERDICTS)}{magnitudes}\n"
         )
         for number, claims in section.items():
             about = f", {BEYOND_THE_PAPER[number]}" if number in BEYOND_THE_PAPER else ""
             parts.append(
-                f"### Notebook {number}{about}: {_counted(claims, 'verdict', verdicts.VERDICTS)} (of {len(claims)})\n"
+                f"### Notebook {number}{about}: {counted(claims, 'verdict', verdicts.VERDICTS)} (of {len(claims)})\n"
             )
             parts.append(claims.to_markdown(index=False) + "\n")
     summary = folder / "SUMMARY.md"
@@ -1211,7 +1211,7 @@ def write_summary(folder: Path, title: str) -> Path:
     return summary
 
 
-def _counted(claims: pd.DataFrame, column: str, values) -> str:
+def counted(claims: pd.DataFrame, column: str, values) -> str:
     """'20 holds, 4 fails, 11 inconclusive': how many claims carry each of ``values`` in ``column``."""
     counts = claims[column].value_counts() if column in claims else pd.Series(dtype=int)
     return ", ".join(f"{int(counts.get(value, 0))} {value}" for value in values)

@@ -44,10 +44,6 @@ def paper_claims(folder: Path) -> pd.DataFrame:
     return claims[claims["paper"] != paper.OURS].reset_index(drop=True)
 
 
-def _counted(claims: pd.DataFrame, column: str, values) -> str:
-    return ", ".join(f"{int((claims[column] == value).sum())} {value}" for value in values)
-
-
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, magnitudes
     that differ) and the likely reason (the most frequent ``why`` among claims that fail or differ)."""
@@ -160,8 +156,8 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
         *bottom_line(claims, grid.model),
         "",
         f"### The paper's claims at a glance ({len(claims)}: direction "
-        f"{_counted(claims, 'verdict', verdicts.VERDICTS)}; magnitude "
-        f"{_counted(claims, 'magnitude', verdicts.MAGNITUDES)})",
+        f"{paper.counted(claims, 'verdict', verdicts.VERDICTS)}; magnitude "
+        f"{paper.counted(claims, 'magnitude', verdicts.MAGNITUDES)})",
         "",
         "Direction: the claim holds, fails or is inconclusive on our 95% interval; magnitude: the paper's number inside "
         "our interval widened by a tolerance per kind of quantity (`fairkv.verdicts.TOLERANCE`), or n.a. where the "
