@@ -20,6 +20,7 @@ prompt version and the judged row's cell id: a rerun judges only new responses.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -222,8 +223,7 @@ def calibration_set(n_prompts: int = 6, dataset: str = "sys_ifeval_shuffled") ->
     kind, secret, response, leak."""
     attack, out = data.paper_attack().text, []
     records = data.load_records(dataset)
-    obeyed = [(record, obey(record)) for record in records]
-    obeyed = [(record, text) for record, text in obeyed if text is not None][:n_prompts]
+    obeyed = itertools.islice(((r, text) for r in records if (text := obey(r)) is not None), n_prompts)
     out += [
         {"key": record.key, "kind": "obeyed", "secret": record.system, "response": text, "leak": False}
         for record, text in obeyed

@@ -1156,6 +1156,12 @@ class SummaryError(ValueError):
 BEYOND_THE_PAPER = {"11": "the paper's open questions", "12": "the press atlas"}  # notebooks whose claims are ours
 
 
+def is_ours(claims: pd.DataFrame, notebook: str) -> pd.Series:
+    """Which of a notebook's claims are ours, not the paper's: every claim of a notebook beyond the paper
+    (``BEYOND_THE_PAPER``) and any whose paper column is ``OURS``."""
+    return claims["paper"].eq(OURS) | (notebook in BEYOND_THE_PAPER)
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """Collate the notebooks' "paper vs us" tables (``tables/NN_paper_vs_us.csv``) into ``folder``/SUMMARY.md in two
     sections, each with its own counts: the paper's claims first (direction: holds / fails / inconclusive; magnitude:
@@ -1172,7 +1178,7 @@ def write_summary(folder: Path, title: str) -> Path:
             f"{', '.join(stale)} has no verdict column (written by an older fairkv, before claims had "
             f"verdicts): re-run notebook {', '.join(name[:2] for name in stale)} before the summary"
         )
-    ours = {number: claims["paper"].eq(OURS) | (number in BEYOND_THE_PAPER) for number, claims in frames.items()}
+    ours = {number: is_ours(claims, number) for number, claims in frames.items()}
     tolerances = ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
     parts = [
         f"# {title}\n",

@@ -33,15 +33,12 @@ def paper_claims(folder: Path) -> pd.DataFrame:
     """The paper's claims from the folder's paper-vs-us tables (not the notebooks beyond the paper, not claims of our
     own), with the notebook each comes from."""
     tables = sorted((Path(folder) / "tables").glob("*_paper_vs_us.csv"))
-    frames = [
-        pd.read_csv(table, keep_default_na=False).assign(notebook=table.name[:2])
-        for table in tables
-        if table.name[:2] not in paper.BEYOND_THE_PAPER
-    ]
+    frames = [(table.name[:2], pd.read_csv(table, keep_default_na=False)) for table in tables]
+    frames = [claims[~paper.is_ours(claims, number)].assign(notebook=number) for number, claims in frames]
+    frames = [claims for claims in frames if len(claims)]
     if not frames:
         raise ReadmeError(f"no paper-vs-us table under {Path(folder) / 'tables'}: run the notebooks first")
-    claims = pd.concat(frames, ignore_index=True)
-    return claims[claims["paper"] != paper.OURS].reset_index(drop=True)
+    return pd.concat(frames, ignore_index=True)
 
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
@@ -130,7 +127,7 @@ def confounds(folder: Path, profile: str) -> list[str]:
         "defense's refusal (StreamingLLM, `03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can "
         "rise under compression. Accuracy claims print the share beside them, and the directive-followed claim is "
         "decided over answers that are not refusals.",
-        f"- **The {cap}-token cap.** {_cell(folder, '03_fig4_capped', {'policy': 'streamingllm'}, '0.0')} of "
+        f"- **The {cap}-token cap.** {shares['0.0']} of "
         f"StreamingLLM's benign answers stop at the cap at r = 0, {shares[peak]} at r = {float(peak):g}, the most "
         "(`03_fig4_capped`; the paper allows 1280); a capped answer fails IFEval's length, ending and combination "
         "checks, so part of the change in accuracy with r is the cap. Accuracy claims print the share and say when it "
