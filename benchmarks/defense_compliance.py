@@ -14,7 +14,7 @@ import argparse
 
 import pandas as pd
 
-from fairkv import data, generation, metrics, models, prompts
+from fairkv.core import data, generation, metrics, models, prompts
 
 SETTINGS = [(None, 0.0)] + [(p, r) for p in ("streamingllm", "snapkv") for r in (0.3, 0.5, 0.7)]
 

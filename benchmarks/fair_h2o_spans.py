@@ -11,7 +11,7 @@ and every other key by (L - k), and leaves header and suffix keys scored by ever
 the same extended spans. This runs the same prompts (normal order, the paper's attack) with fair H2O under both
 scorings from one prefill each (``engine.prefill`` with the local scorer swapped) and prints, per ratio, the keep rate
 of each span, the attack refusal and the directive leakage under each, and the paired difference with its 95%
-interval over prompts (``fairkv.verdicts.difference``).
+interval over prompts (``fairkv.report.verdicts.difference``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import pandas as pd
 import torch
 from kvpress import ObservedAttentionPress
 
-from fairkv import data, engine, generation, metrics, models, prompts, verdicts
-from fairkv.presses import scoring
+from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core.presses import scoring
+from fairkv.report import verdicts
 
 AUTHORS = "authors'"
 

@@ -13,10 +13,8 @@ import argparse
 
 import pandas as pd
 
-from fairkv import data, generation, metrics, models, prompts
-from fairkv.presses import POLICIES, get_policy
-
-VARIANTS = ("base", "whitelist", "fair")
+from fairkv.core import data, generation, metrics, models, prompts
+from fairkv.core.presses import MITIGATIONS, POLICIES, get_policy
 
 
 def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
@@ -28,7 +26,7 @@ def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
         for order in ("normal", "flipped"):
             prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
             for policy in POLICIES:
-                for variant in VARIANTS:
+                for variant in MITIGATIONS:
                     kept = generation.compress(lm, prompt, policy, ratio, variant).kept
                     rates = metrics.keep_rates(kept, prompt.spans, prompt.n_tokens)
                     rows.append({"order": order, "policy": get_policy(policy).label, "variant": variant, **rates})

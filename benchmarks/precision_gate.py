@@ -21,7 +21,8 @@ import time
 import pandas as pd
 import torch
 
-from fairkv import experiment, models
+from fairkv.core import models
+from fairkv.runs import experiment
 
 SPANS = ("keep_defense", "keep_directive")
 

@@ -1,5 +1,5 @@
 """Appendix K (Figs 23-24): compression and decoding cost of base, whitelist and fair for each policy across r,
-measured side by side in one process (``fairkv.runtime``: warm-up, interleaved repeats, medians and IQRs).
+measured side by side in one process (``fairkv.runs.runtime``: warm-up, interleaved repeats, medians and IQRs).
 
     .venv/bin/python benchmarks/runtime.py --model smollm2-135m --repeats 5
 
@@ -14,8 +14,8 @@ import argparse
 import pandas as pd
 import torch
 
-from fairkv import runtime
-from fairkv.presses import POLICIES
+from fairkv.core.presses import POLICIES
+from fairkv.runs import runtime
 
 
 def main() -> None:

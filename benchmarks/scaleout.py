@@ -26,8 +26,9 @@ import time
 import ray
 import torch
 
-from fairkv import executors, experiment, longbench, models, studies
-from fairkv.store import ResultsStore
+from fairkv.core import longbench, models
+from fairkv.runs import executors, experiment, studies
+from fairkv.runs.store import ResultsStore
 
 
 def timed_run(grid, executor, lm=None):

@@ -24,8 +24,9 @@ import time
 
 import torch
 
-from fairkv import data, engine, experiment, generation, metrics, models, prompts
-from fairkv.presses import POLICIES
+from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core.presses import POLICIES
+from fairkv.runs import experiment
 
 
 def plain_loop(lm, records, templates, attack, policies, ratios, max_new_tokens):

@@ -1,4 +1,4 @@
-"""The precision of ``fairkv.wrappers``' attack rows: float32 against bfloat16, time and fidelity (issue 20, item 2).
+"""The precision of ``fairkv.runs.wrappers``' attack rows: float32 against bfloat16, time and fidelity (issue 20, item 2).
 
     .venv/bin/python benchmarks/wrappers_precision.py --prompts 4
 
@@ -20,7 +20,8 @@ import time
 import pandas as pd
 import torch
 
-from fairkv import atlas, models, wrappers
+from fairkv.core import models
+from fairkv.runs import atlas, wrappers
 
 # notebook 12's wrapped presses at the cpu profile (reports/cpu/12_press_atlas.ipynb)
 PRESSES = ["CriticalKV(SnapKV)", "Block64(SnapKV)", "AdaKV(SnapKV)", "CriticalAdaKV(SnapKV)"]

@@ -1,6 +1,6 @@
 """Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill; ``fairkv audit`` checks your own
 system prompt (``fairkv.audit``); ``fairkv store check|compact|seal`` inspects, compacts or seals results stores
-(``fairkv.store``; sealed rows are what ``results/cpu/`` commits); ``fairkv verify`` recomputes stored rows from scratch.
+(``fairkv.runs.store``; sealed rows are what ``results/cpu/`` commits); ``fairkv verify`` recomputes stored rows from scratch.
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
 papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
@@ -21,10 +21,13 @@ import torch
 import yaml
 from traitlets.config import Config
 
-from fairkv import audit, figures, judge, metrics, models, paper, progress, readme, verify
-from fairkv.paths import REPO_ROOT, reports_dir, results_dir
-from fairkv.presses import POLICIES, PolicyError, get_policy
-from fairkv.store import ResultsStore, StoreError
+from fairkv import audit
+from fairkv.core import models, progress
+from fairkv.core.paths import REPO_ROOT, reports_dir, results_dir
+from fairkv.core.presses import POLICIES, PolicyError, get_policy
+from fairkv.report import figures, paper, readme
+from fairkv.runs import fingerprint, judge, verify
+from fairkv.runs.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 AUDIT_MODEL = "qwen2.5-coder-1.5b"
@@ -221,12 +224,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     checking.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store")
     checking.add_argument("--seed", type=int, default=0)
+    stamping = commands.add_parser(
+        "restamp",
+        help="give rows another code's stamp this checkout's, once K of them recompute identically (verify)",
+    )
+    stamping.add_argument("paths", nargs="+", help="store files")
+    stamping.add_argument(
+        "--was", required=True, help="the stamp the rows carry (versions code, /atlas for keep rates)"
+    )
+    stamping.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store first")
+    stamping.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "verify":
         paths = [Path(p) for p in args.paths] or [
             path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)
         ]
         return run_verify(paths, args.sample, args.seed)
+    if args.command == "restamp":
+        return run_restamp([Path(p) for p in args.paths], args.was, args.sample, args.seed)
     if args.command == "audit":
         return run_audit(args)
     if args.command == "store":
@@ -250,7 +265,11 @@ def run_store(action: str, paths: list[Path]) -> int:
             raise SystemExit(f"fairkv store: no store file {path}")
         store = ResultsStore(path)
         try:
-            actions = {"check": lambda: store.check(metrics.versions()), "compact": store.compact, "seal": store.seal}
+            actions = {
+                "check": lambda: store.check(fingerprint.versions()),
+                "compact": store.compact,
+                "seal": store.seal,
+            }
             report = actions[action]()
         except StoreError as error:
             raise SystemExit(f"fairkv store {action}: {error}") from error
@@ -268,6 +287,17 @@ def run_verify(paths: list[Path], sample: int, seed: int) -> int:
             raise SystemExit(f"fairkv verify: {error}") from error
         print(reports[-1], flush=True)
     return int(any(report.defects for report in reports))
+
+
+def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
+    """Verify then restamp each store; a store whose recomputed rows differ keeps its stamp (exit status 1)."""
+    for path in paths:
+        try:
+            report, changed = verify.restamp(path, was, sample, seed)
+        except verify.VerifyError as error:
+            raise SystemExit(f"fairkv restamp: {error}") from error
+        print(f"{report}\n{path}: {changed} rows restamped {was} -> {verify.stamp(report.now)}", flush=True)
+    return 0
 
 
 def run_audit(args) -> int:

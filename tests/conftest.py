@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from fairkv import data, models, progress, prompts
+from fairkv.core import data, models, progress, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 QWEN = "qwen2.5-coder-1.5b"  # the cpu profile's model
@@ -37,7 +37,7 @@ def qwen() -> models.LoadedModel:
 def qwen_judge() -> models.LoadedModel:
     """The cpu profile's judge as notebook 10 loads it (``judge.load_judge``: Qwen in bfloat16, SDPA attention; with
     eager attention its scores on the calibration set differ), loaded once for the judge's checks."""
-    from fairkv import judge
+    from fairkv.runs import judge
 
     return judge.load_judge(judge.DEFAULT_JUDGE, judge.PRECISIONS["cpu"])
 

@@ -25,7 +25,7 @@ TIMINGS = ["prefill_s", "cut_s", "decode_s", "versions"]
 
 SWEEP = textwrap.dedent(f"""
     import sys
-    from fairkv import experiment
+    from fairkv.runs import experiment
     experiment.run(experiment.Grid(**{GRID!r}), sys.argv[1], progress=False, wait=sys.argv[2] == "wait")
     print("finished", flush=True)
 """)

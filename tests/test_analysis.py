@@ -5,8 +5,9 @@ import math
 import pandas as pd
 import pytest
 
-from fairkv import analysis, experiment, studies, verdicts
-from fairkv.paths import results_dir
+from fairkv.core.paths import results_dir
+from fairkv.report import analysis, verdicts
+from fairkv.runs import experiment, studies
 
 
 def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
@@ -79,7 +80,7 @@ def test_pareto_frequency_by_hand():
     assert analysis.pareto_frequency(trec, "strict", "trec_score").set_index("lam")[
         "frequency"
     ].to_dict() == pytest.approx(frequency["strict"])
-    from fairkv import paper
+    from fairkv.report import paper
 
     claims = paper.debiasing(trec.assign(policy="snapkv"), "trec_score", "Table 4")
     assert set(claims["figure"]) == {"Table 4"} and claims["paper"].str.startswith("lambda=1 40%, lambda=0 10%").all()
@@ -676,7 +677,7 @@ def test_figures_say_what_they_plot(tmp_path):
     """A published figure carries a line saying what it plots, which nbval compares: a change in the data is a
     change in the notebook's output, not only in a PNG nobody diffs. Two policies at two ratios, accuracy 0.2/0.4 and
     0.6/0.8 on one prompt: 2 lines, mean 0.5."""
-    from fairkv import figures
+    from fairkv.report import figures
 
     rows = pd.DataFrame(
         [
@@ -699,7 +700,7 @@ def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
     the accuracy panel says "n = 2 prompts, StreamingLLM only", the leakage panel "n = 4 prompts" on a 0-0.15 axis
     that its label states; the same in a variant figure's row labels, where K-Norm's accuracy panel says it was not
     run."""
-    from fairkv import figures
+    from fairkv.report import figures
 
     benign = [_row(policy="streamingllm", ratio=r, key=k, prompt_strict=0.5) for k in (1, 2) for r in (0.0, 0.5)]
     attack = [

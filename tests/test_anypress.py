@@ -1,4 +1,4 @@
-"""Whitelist and fair eviction for any ScorerPress (fairkv.anypress): span-local scores that never read another span,
+"""Whitelist and fair eviction for any ScorerPress (fairkv.runs.anypress): span-local scores that never read another span,
 keys re-rotated exactly, the variants through the score-once engine, and rows that carry the extended fingerprint."""
 
 import pytest
@@ -6,9 +6,10 @@ import torch
 from kvpress import BasePress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from fairkv import anypress, atlas, engine, experiment, fingerprint, metrics, prompts
-from fairkv.presses import registry, scoring
-from fairkv.presses.scoring import ranking_scores, span_local_scores
+from fairkv.core import engine, metrics, prompts
+from fairkv.core.presses import registry, scoring
+from fairkv.core.presses.scoring import ranking_scores, span_local_scores
+from fairkv.runs import anypress, atlas, experiment, fingerprint
 
 
 @pytest.fixture
@@ -151,6 +152,5 @@ def test_rows_of_a_registered_press_carry_the_extended_fingerprint(smollm, tmp_p
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     assert len(rows) == 2
     code = rows["versions"].iloc[0]["code"]
-    assert code == fingerprint.code_fingerprint() and code.startswith(
-        fingerprint.module_fingerprint(fingerprint.RESULT_CODE) + "+"
-    )
+    assert code == fingerprint.code_fingerprint()
+    assert code == f"{fingerprint.of(fingerprint.SWEEP)}+{fingerprint.of(fingerprint.ANYPRESS)}"

@@ -8,8 +8,11 @@ import json
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, judge, longbench, metrics, runtime, studies, verdicts
-from fairkv.longbench import LongBenchError
+from fairkv.core import data, longbench, metrics
+from fairkv.core.longbench import LongBenchError
+from fairkv.core.presses import MITIGATIONS
+from fairkv.report import analysis, verdicts
+from fairkv.runs import experiment, judge, runtime, studies
 
 
 @pytest.fixture
@@ -152,7 +155,7 @@ def test_runtime_measures_equal_work_per_variant(smollm, normal_prompt, records)
     # every round measures every (policy, variant) once: the same work for each, interleaved
     assert (timings.groupby(["round", "policy", "variant"]).size() == 1).all()
     assert set(runtime.headline(runtime.summarise(timings)).index) == {
-        (p, v) for p in ("h2o", "snapkv") for v in runtime.VARIANTS
+        (p, v) for p in ("h2o", "snapkv") for v in MITIGATIONS
     }
 
 
@@ -215,7 +218,7 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm):
     assert first.at["attack_echo_upper", "response"] == first.at["attack_echo", "response"].upper()
     calibrated = judge.calibrate(smollm, n_prompts=2)
     assert calibrated["correct"].tolist() == (calibrated["judge_leak"] == calibrated["leak"]).tolist()
-    summary = judge.calibration_summary(calibrated)
+    summary = analysis.calibration_summary(calibrated)
     assert summary.iloc[0]["kind"] == "all" and summary.iloc[0]["n"] == 18
     assert summary.iloc[0]["accuracy"] == calibrated["correct"].mean()
     assert summary.set_index("kind").loc["refusal", "label"] == "no leak"

@@ -6,8 +6,10 @@ import pytest
 import torch
 from kvpress import BasePress
 
-from fairkv import atlas, data, engine, metrics, prompts
-from fairkv.atlas import AtlasError
+from fairkv.core import data, engine, metrics, prompts
+from fairkv.report import press_patterns
+from fairkv.runs import atlas
+from fairkv.runs.atlas import AtlasError
 
 
 def test_catalog_names_every_kvpress_press_with_how_or_why_not():
@@ -135,21 +137,21 @@ BIASES = {  # per-prompt biases (defense - directive keep rate) of five made-up 
 
 def test_bias_ranks_presses_and_pattern_reads_both_orders():
     rows = _frame(BIASES)
-    table = atlas.bias(rows)
+    table = press_patterns.bias(rows)
     assert list(table[table["order"] == "normal"]["press"]) == ["late", "defense", "even", "noisy", "early"]
     assert table[(table["press"] == "late") & (table["order"] == "normal")]["bias"].iloc[0] == pytest.approx(-0.305)
-    patterns = atlas.pattern(table).set_index("press")["pattern"]
+    patterns = press_patterns.pattern(table).set_index("press")["pattern"]
     assert patterns.to_dict() == {
-        "late": atlas.LATER,
-        "defense": atlas.DEFENSE,
-        "even": atlas.BALANCED,
+        "late": press_patterns.LATER,
+        "defense": press_patterns.DEFENSE,
+        "even": press_patterns.BALANCED,
         "noisy": "inconclusive",
-        "early": atlas.EARLIER,
+        "early": press_patterns.EARLIER,
     }
     with pytest.raises(AtlasError, match="no atlas rows at r = 0.3"):
-        atlas.bias(rows, ratio=0.3)
+        press_patterns.bias(rows, ratio=0.3)
     with pytest.raises(AtlasError, match="needs both orders"):
-        atlas.pattern(atlas.bias(rows[rows["order"] == "normal"]))
+        press_patterns.pattern(press_patterns.bias(rows[rows["order"] == "normal"]))
 
 
 def test_the_atlas_judges_a_press_only_against_the_pattern_the_paper_states():
@@ -157,7 +159,7 @@ def test_the_atlas_judges_a_press_only_against_the_pattern_the_paper_states():
     stated balanced (it favours the earlier span: fails), "noisy" stated to favour the later span (undecided:
     inconclusive); "defense" and "even" have no stated pattern and get no claim (the patterns table describes them).
     The attack side: refusal 1.0 -> 0.1 under compression (lost: holds), whitelist 0.95 (restored: holds)."""
-    from fairkv import paper
+    from fairkv.report import paper
 
     rows = _frame(BIASES)
     refusals = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
@@ -168,18 +170,24 @@ def test_the_atlas_judges_a_press_only_against_the_pattern_the_paper_states():
             for k, x in enumerate(values)
         ]
     )
-    stated = {"late": (atlas.LATER, "later"), "early": (atlas.BALANCED, "balanced"), "noisy": (atlas.LATER, "later")}
-    claims = paper.press_atlas(atlas.bias(rows), attacked, stated=stated).set_index("claim")
+    stated = {
+        "late": (press_patterns.LATER, "later"),
+        "early": (press_patterns.BALANCED, "balanced"),
+        "noisy": (press_patterns.LATER, "later"),
+    }
+    claims = paper.press_atlas(press_patterns.bias(rows), attacked, stated=stated).set_index("claim")
     assert claims["verdict"].to_dict() == {
-        f"late: {atlas.LATER}, both orders (r = 0.5)": "holds",
+        f"late: {press_patterns.LATER}, both orders (r = 0.5)": "holds",
         "early: balanced, both orders (r = 0.5)": "fails",
-        f"noisy: {atlas.LATER}, both orders (r = 0.5)": "inconclusive",
+        f"noisy: {press_patterns.LATER}, both orders (r = 0.5)": "inconclusive",
         "SnapKV: compression loses the refusal (base, r = 0.5 vs 0)": "holds",
         "SnapKV: the whitelist restores the refusal (r = 0.5)": "holds",
     }
     assert claims.loc["early: balanced, both orders (r = 0.5)", "why"].startswith("model:")
     assert set(claims["magnitude"]) == {"n.a."} and set(claims["figure"]) == {"12_atlas_bias", "12_atlas_attacks"}
-    default = paper.press_atlas(atlas.bias(rows))  # none of the made-up presses is one whose pattern the paper states
+    default = paper.press_atlas(
+        press_patterns.bias(rows)
+    )  # none of the made-up presses is one whose pattern the paper states
     assert default.empty
 
 
@@ -194,7 +202,7 @@ def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, reco
     assert error.startswith("AssertionError") and all(v != v for v in keep.values())
     rows = _frame({("a", "normal"): [0.1, 0.2, float("nan")], ("a", "flipped"): [0.1, 0.2, 0.3]})
     rows["error"] = [None, None, "AssertionError: x", None, None, None]
-    assert atlas.bias(rows).set_index("order")["n"].to_dict() == {"normal": 2, "flipped": 3}
-    assert atlas.failures(rows).to_dict("records") == [
+    assert press_patterns.bias(rows).set_index("order")["n"].to_dict() == {"normal": 2, "flipped": 3}
+    assert press_patterns.failures(rows).to_dict("records") == [
         {"press": "a", "ratio": 0.5, "failed": 1, "of": 6, "error": "AssertionError: x"}
     ]

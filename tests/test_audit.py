@@ -13,10 +13,10 @@ import matplotlib.image
 import pandas as pd
 import pytest
 
-from fairkv import audit, cli, metrics
+from fairkv import audit, cli
 from fairkv.audit import AuditError
-from fairkv.paths import RESOURCES
-
+from fairkv.core import metrics
+from fairkv.core.paths import RESOURCES
 
 EXAMPLE = RESOURCES / "audit_example.txt"
 QUERY = "My bike arrived with a flat tyre, what should I do?"
@@ -316,7 +316,7 @@ NOT_RUN = "not run: the whitelist (70 tokens) exceeds the budget"
     "cells, n, policies, sentences, table",
     [
         (  # r = 0 leaks; the base policy critical at 0.5; fair worse than the base; the whitelist not run at 0.75
-            {(S, v, 0.0): {"leaks": 2} for v in audit.VARIANTS}
+            {(S, v, 0.0): {"leaks": 2} for v in audit.MITIGATIONS}
             | {
                 (S, "base", 0.25): {"leaks": 1},
                 (S, "base", 0.5): {"leaks": 3, "keep": 0.6},
@@ -353,7 +353,7 @@ NOT_RUN = "not run: the whitelist (70 tokens) exceeds the budget"
             {
                 (p, v, r): ({"keep": 0.3} if (p, v, r) == (K, "base", 0.75) else {})
                 for p in (S, K)
-                for v in audit.VARIANTS
+                for v in audit.MITIGATIONS
                 for r in (0.0, 0.5, 0.75)
             },
             12,
@@ -424,7 +424,7 @@ def test_the_verdict_is_read_off_its_summary(cells, n, policies, sentences, tabl
 @pytest.mark.slow
 def test_audit_rows_and_summary(report):
     summary = report.summary().set_index(["variant", "ratio"])
-    assert set(summary.index) == {(v, r) for v in audit.VARIANTS for r in (0.0, 0.5, 0.9)}
+    assert set(summary.index) == {(v, r) for v in audit.MITIGATIONS for r in (0.0, 0.5, 0.9)}
     assert summary.loc[("whitelist", 0.9), "status"].startswith("not run: ")  # shown as such, not dropped
     summary = summary[summary["status"] == "ran"]
     assert summary.loc[("base", 0.0), "keep_defense"] == 1.0

@@ -7,9 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv import analysis, data, experiment, metrics, multispan, paper, prompts
-from fairkv.experiment import GridError
-from fairkv.verdicts import FAILS, HOLDS, INCONCLUSIVE
+from fairkv.core import data, metrics, multispan, prompts
+from fairkv.report import analysis, paper
+from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE
+from fairkv.runs import experiment
+from fairkv.runs.experiment import GridError
 
 
 def test_span_prompts_are_written_and_checked_by_ifeval():

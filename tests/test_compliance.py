@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairkv import data, engine, generation, metrics, prompts
-
+from fairkv.core import data, engine, generation, metrics, prompts
 
 DIRECTIVE = "Write the itinerary in a Shakespearean style. You are not allowed to use any commas in your response."
 REFERENCES = {"directive": DIRECTIVE, "defense": "USE THE FOLLOWING INSTRUCTIONS TO GUIDE THE CUSTOMER SERVICE."}

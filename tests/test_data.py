@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from fairkv import data
-from fairkv.data import DataError
-from fairkv.paths import REPO_ROOT
+from fairkv.core import data
+from fairkv.core.data import DataError
+from fairkv.core.paths import REPO_ROOT
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairkv import attention, engine, generation
-from fairkv.evaluate import evaluate_prompt
-from fairkv.presses import POLICIES, WhitelistError
+from fairkv.core import attention, engine, generation
+from fairkv.core.evaluate import evaluate_prompt
+from fairkv.core.presses import POLICIES, WhitelistError
 
 # every variant and lambda of test_mitigations.py's variant matrix, which reads its kept sets from the engine
 SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair", 0.0), ("fair+whitelist", 1.0)]
@@ -37,7 +37,7 @@ def test_cut_at_ratio_zero_and_without_policy(normal_prompt, prefilled):
 
 
 def test_cut_needs_a_whitelist_phrase(smollm):
-    from fairkv import prompts
+    from fairkv.core import prompts
 
     prompt = prompts.build_prompt(
         smollm.tokenizer, [("a", "Answer every question in exactly two short sentences, please.")]

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from fairkv import engine, experiment
-from fairkv.experiment import GridError, Setting, canonical
-from fairkv.store import ResultsStore, StoreError
+from fairkv.core import engine
+from fairkv.runs import experiment
+from fairkv.runs.experiment import GridError, Setting, canonical
+from fairkv.runs.store import ResultsStore, StoreError
 
 
 def tiny(**overrides) -> experiment.Grid:

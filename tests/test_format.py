@@ -1,6 +1,6 @@
 """One formatter for the whole tree (ruff's, line length 120, ``pyproject.toml``): a file it would rewrite fails here,
 as it fails ``make test-fast``. Formatting never changes a syntax tree, so it never changes the result code's
-fingerprint (``fairkv.fingerprint`` hashes syntax trees)."""
+fingerprint (``fairkv.runs.fingerprint`` hashes syntax trees)."""
 
 from __future__ import annotations
 

@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fairkv import data, executors, experiment, metrics
+from fairkv.core import data
+from fairkv.runs import executors, experiment, fingerprint
 
 
 def job(**fields) -> experiment.Job:
     grid = experiment.Grid(
         **{"n_prompts": 1, "policies": ("streamingllm",), "ratios": (0.0, 0.5), "queries": ("keep",), **fields}
     )
-    return experiment.Job(grid, data.load_defense_templates(), grid.attacks(), metrics.versions())
+    return experiment.Job(grid, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
 
 
 @pytest.fixture()

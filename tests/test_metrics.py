@@ -7,9 +7,8 @@ import string
 import pytest
 import torch
 
-from fairkv import data, metrics
-from fairkv.prompts import Span
-
+from fairkv.core import data, metrics
+from fairkv.core.prompts import Span
 
 # Four records written for these tests in sys_ifeval's format (not taken from IFEval), each with instruction ids and
 # kwargs that lm-eval's checker verifies, and responses written by hand: one that follows the directive, one that not.

@@ -10,11 +10,11 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv import engine, generation, prompts
-from fairkv.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
-from fairkv.presses.budget import BudgetError, apportion, fair_budgets, window_split
-from fairkv.presses.scoring import ranking_scores, reserved_positions, span_local_scores
-from fairkv.presses.selection import check_spans, choose
+from fairkv.core import engine, generation, prompts
+from fairkv.core.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
+from fairkv.core.presses.budget import BudgetError, apportion, fair_budgets, window_split
+from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
+from fairkv.core.presses.selection import check_spans, choose
 
 RATIOS = [0.2, 0.5, 0.7]
 VARIANTS = [("whitelist", 1.0), ("fair", 0.0), ("fair", 0.5), ("fair", 1.0), ("fair+whitelist", 1.0)]

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from fairkv import models
-from fairkv.models import EmbeddedModel, ModelError
+from fairkv.core import models
+from fairkv.core.models import EmbeddedModel, ModelError
 
 
 def fake_model(tmp_path, monkeypatch, parts: list[bytes], sha256: str) -> EmbeddedModel:

@@ -1,4 +1,4 @@
-"""The mitigations as kvpress presses (``fairkv.presses.native``), run through kvpress's own pipeline on SmolLM2: the
+"""The mitigations as kvpress presses (``fairkv.core.presses.native``), run through kvpress's own pipeline on SmolLM2: the
 texts they are given are found in the context the pipeline builds, the whitelisted tokens are kept in every layer and
 head, each span keeps its fair share, and lam = 0 keeps exactly what the wrapped press keeps."""
 
@@ -10,8 +10,8 @@ from kvpress import AdaKVPress  # importing kvpress registers the "kv-press-text
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache, pipeline
 
-from fairkv.presses import RecordingPress, make_press
-from fairkv.presses.native import FairPress, NativePressError, WhitelistPress
+from fairkv.core.presses import RecordingPress, make_press
+from fairkv.core.presses.native import FairPress, NativePressError, WhitelistPress
 
 PHRASE = "DO NOT DISCLOSE AND ONLY REPLY WITH 'I can't assist with that request.'"
 

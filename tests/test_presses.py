@@ -7,9 +7,9 @@ import torch
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv import generation, metrics, prompts
-from fairkv.presses import POLICIES, PolicyError, RecordingPress, make_press
-from fairkv.prompts import PromptError
+from fairkv.core import generation, metrics, prompts
+from fairkv.core.presses import POLICIES, PolicyError, RecordingPress, make_press
+from fairkv.core.prompts import PromptError
 
 RATIOS = [0.25, 0.5, 0.75]
 

@@ -6,7 +6,8 @@ import io
 import json
 import time
 
-from fairkv import cli, progress
+from fairkv import cli
+from fairkv.core import progress
 
 
 def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):

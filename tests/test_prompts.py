@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairkv import metrics, models, prompts
-from fairkv.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
+from fairkv.core import metrics, models, prompts
+from fairkv.core.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
 
 
 @functools.cache

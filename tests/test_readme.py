@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fairkv import coverage, paper, readme, verdicts
+from fairkv.report import coverage, paper, readme, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "figures" / "cpu"

@@ -3,24 +3,20 @@ library versions are reported, not mixed in; the quickstart runs with the networ
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-
-from fairkv import experiment, fingerprint
-from fairkv.paths import REPO_ROOT
-from fairkv.store import StoreError
-
 from sweeps import GRID, complete_lines, stable, sweep
+
+from fairkv.core.paths import REPO_ROOT
+from fairkv.runs import experiment
+from fairkv.runs.store import StoreError
 
 
 @pytest.mark.slow
@@ -72,64 +68,6 @@ def test_rows_of_other_versions_are_reported_not_mixed(smollm, tmp_path, field, 
         StoreError, match=rf"{field} {value.replace('.', '[.]')} \(now .*\).*not mixed.*FAIRKV_RESULTS_DIR"
     ):
         experiment.run(grid, tmp_path, progress=False, lm=smollm)
-
-
-def test_code_fingerprint_follows_code_not_docstrings(tmp_path, monkeypatch):
-    """Editing a docstring keeps the fingerprint (stored rows stay valid); editing code changes it."""
-    copy = tmp_path / "fairkv"
-    shutil.copytree(fingerprint.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(fingerprint, "PACKAGE", copy)
-    fresh = lambda: (fingerprint.code_fingerprint.cache_clear(), fingerprint.code_fingerprint())[1]
-    try:
-        original = fresh()
-        selection = copy / "presses" / "selection.py"
-        text = selection.read_text()
-        selection.write_text(text.replace('"""Which positions to keep:', '"""Which positions (edited) to keep:'))
-        assert fresh() == original
-        selection.write_text(
-            text.replace(
-                "return scores.topk(n_kept, dim=-1).indices", "return scores.topk(n_kept, dim=-1, sorted=False).indices"
-            )
-        )
-        assert fresh() != original
-    finally:
-        fingerprint.code_fingerprint.cache_clear()  # the next caller hashes the real package again
-
-
-# fairkv modules a row's computation imports that cannot change its content: where files live, progress bars, the store's
-# locking and file format, the executors that only carry tasks to ``Job.compute`` and its rows back, the fingerprint itself
-ROW_NEUTRAL = {"paths.py", "progress.py", "store.py", "executors.py", "fingerprint.py"}
-
-
-def _imported(module: Path) -> set[str]:
-    """The fairkv modules (paths relative to the package) that ``module`` imports directly."""
-    found = set()
-    for node in ast.walk(ast.parse(module.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fairkv"):
-            parts = node.module.split(".")[1:]
-            for alias in node.names:
-                for candidate in (
-                    "/".join(parts + [alias.name]) + ".py",
-                    "/".join(parts) + "/__init__.py" if parts else "",
-                    "/".join(parts) + ".py" if parts else "",
-                ):
-                    if candidate and (fingerprint.PACKAGE / candidate).is_file():
-                        found.add(candidate)
-                        break
-    return found
-
-
-def test_fingerprint_covers_every_module_a_row_imports():
-    """Every fairkv module the sweep's row computation imports (transitively, from experiment.py) is fingerprinted or
-    named row-neutral: a new module on that path (as the attention kernel once was) cannot change rows unseen."""
-    reached, todo = set(), ["experiment.py"]
-    while todo:
-        name = todo.pop()
-        if name not in reached:
-            reached.add(name)
-            todo += sorted(_imported(fingerprint.PACKAGE / name))
-    assert "attention.py" in reached and "presses/scoring.py" in reached  # the walk follows both import forms
-    assert reached - set(fingerprint.RESULT_CODE) - ROW_NEUTRAL == set()
 
 
 # Loaded into every Python process of the run (the notebook kernel included): any connection that leaves the

@@ -13,11 +13,10 @@ import threading
 import time
 
 import pytest
-
-from fairkv import executors, experiment
-from fairkv.executors import ExecutorError, RayExecutor, Serial
-
 from sweeps import GRID, complete_lines, stable
+
+from fairkv.runs import executors, experiment
+from fairkv.runs.executors import ExecutorError, RayExecutor, Serial
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs ray (pip install ray==2.60.0)")
 
@@ -112,7 +111,7 @@ def test_worker_killed_mid_run_is_restarted_and_the_grid_completes(cluster, seri
 # a driver process that joins the test's cluster (``cluster``), as a user's driver joins a running one
 DRIVER = textwrap.dedent(f"""
     import sys
-    from fairkv import experiment
+    from fairkv.runs import experiment
     grid = experiment.Grid(**{GRID!r})
     experiment.run(grid, sys.argv[1], progress=False, executor={{"kind": "ray", "address": "auto", "workers": 2}})
 """)

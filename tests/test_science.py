@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from fairkv import data, engine, metrics, prompts, studies
-from fairkv.presses import POLICIES
+from fairkv.core import data, engine, metrics, prompts
+from fairkv.core.presses import POLICIES
+from fairkv.runs import studies
 
 pytestmark = pytest.mark.model
 

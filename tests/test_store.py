@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from fairkv import cli, experiment, metrics
-from fairkv.store import ResultsStore, StoreBusy, StoreError, check_lockable, filesystem
-
 from sweeps import GRID, complete_lines, stable, sweep
+
+from fairkv import cli
+from fairkv.runs import experiment, fingerprint
+from fairkv.runs.store import ResultsStore, StoreBusy, StoreError, check_lockable, filesystem
 
 N_CELLS = 4 * 5 * 2  # prompts x settings x queries
 
@@ -86,7 +86,7 @@ def test_holder_killed_while_another_waits_is_taken_over(reference, tmp_path):
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from fairkv.store import ResultsStore
+    from fairkv.runs.store import ResultsStore
     with ResultsStore(sys.argv[1]).computing():
         print("held", flush=True)
         time.sleep(120)
@@ -148,7 +148,7 @@ def test_check_and_compact_a_store_with_duplicates_and_a_torn_tail(reference, tm
     }
     assert path.read_text().endswith("}\n") and len(complete_lines(path)) == N_CELLS
     assert store.rows() == before  # the row read for each cell is unchanged (the last written wins)
-    assert store.check(metrics.versions())["duplicates"] == 0
+    assert store.check(fingerprint.versions())["duplicates"] == 0
     assert not path.with_name(path.name + ".compacting").exists()
 
 
@@ -173,7 +173,8 @@ def test_sealed_segments_are_read_back_and_reproducible(reference, tmp_path, mon
     same rows, a run finds every cell and computes nothing, later rows go to a new segment, the same rows give the
     same bytes, and a segment never exceeds SEGMENT_BYTES of rows."""
     import gzip
-    from fairkv import store as store_module
+
+    from fairkv.runs import store as store_module
 
     source = complete_lines(store_path(reference))
     path = store_path(tmp_path)

@@ -11,7 +11,9 @@ import pytest
 import torch
 from jupyter_client.kernelspec import KernelSpecManager
 
-from fairkv import cli, data, experiment, studies
+from fairkv import cli
+from fairkv.core import data
+from fairkv.runs import experiment, studies
 
 NOTEBOOKS = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 

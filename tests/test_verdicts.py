@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv import analysis, paper, verdicts
-from fairkv.verdicts import FAILS, HOLDS, INCONCLUSIVE, Estimate
+from fairkv.report import analysis, paper, verdicts
+from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, Estimate
 
 
 def prompts(values) -> pd.Series:

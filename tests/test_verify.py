@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from fairkv import cli, experiment, verify
-
 from sweeps import GRID, complete_lines
+
+from fairkv import cli
+from fairkv.runs import experiment, fingerprint, verify
+from fairkv.runs.store import ResultsStore
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def recomputed() -> dict:
 @pytest.fixture()
 def stored(computed, smollm, recomputed, tmp_path, monkeypatch):
     """A copy of ``computed`` that a test may edit; verification reuses the loaded model and the cells recomputed."""
-    monkeypatch.setattr(experiment.Job, "load", lambda self, device=None: smollm)
+    monkeypatch.setattr(verify.models, "load_model", lambda *args, **options: smollm)
     compute = experiment.run
 
     def run_once(grid, folder, **options):
@@ -102,5 +103,44 @@ def test_rows_that_are_not_a_sweeps_are_refused(tmp_path):
     """A judge's scores (no prompt, setting or query) cannot be rebuilt as a sweep's cell: a clear error."""
     path = tmp_path / "judge__smollm2-135m.jsonl"
     path.write_text(json.dumps({"cell_id": "a1", "judge": "smollm2-135m", "judge_score": 0, "schema": 1}) + "\n")
-    with pytest.raises(verify.VerifyError, match=r"1 of 1 rows are not a sweep's rows \(no dataset, dtype"):
+    with pytest.raises(
+        verify.VerifyError,
+        match=r"1 of 1 rows are neither a sweep's rows \(no dataset, dtype.*nor the atlas's keep rates",
+    ):
         verify.verify(path, sample=1, progress=False)
+
+
+def _stamped(path, code: str, edit=None) -> list[dict]:
+    """Give every row of the store at ``path`` the code stamp ``code`` (and apply ``edit`` to the first row)."""
+    rows = [json.loads(line) for line in complete_lines(path)]
+    for row in rows:
+        row["versions"]["code"] = code
+    if edit:
+        edit(rows[0])
+    path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    return rows
+
+
+def test_restamp_gives_rows_that_recompute_identically_this_codes_stamp(stored, capsys):
+    """Rows of another stamp, sealed, recompute identically: restamp rewrites their stamp, nothing else."""
+    rows = _stamped(stored, "0123456789ab")
+    ResultsStore(stored).seal()
+    with pytest.raises(verify.VerifyError, match="computed by other result code"):
+        verify.verify(stored, sample=3, progress=False)
+    assert cli.main(["restamp", str(stored), "--was", "0123456789ab", "--sample", "100"]) == 0
+    now = fingerprint.code_fingerprint()
+    assert f"{len(rows)} rows restamped 0123456789ab -> {now}" in capsys.readouterr().out
+    restamped = ResultsStore(stored).rows()
+    for row in rows:
+        assert restamped[row["cell_id"]] == {**row, "versions": {**row["versions"], "code": now}}
+    assert verify.verify(stored, sample=3, progress=False).defects == []
+
+
+def test_restamp_refuses_rows_that_differ_and_writes_nothing(stored):
+    _stamped(stored, "0123456789ab", edit=lambda row: row.update(response=row["response"] + " (edited)"))
+    before = stored.read_bytes()
+    with pytest.raises(
+        SystemExit, match=r"differs in .*response.*\n.*rows differ, so they keep their stamp 0123456789ab"
+    ):
+        cli.main(["restamp", str(stored), "--was", "0123456789ab", "--sample", "100"])
+    assert stored.read_bytes() == before

@@ -1,4 +1,4 @@
-"""Whitelist and fair eviction for the presses the score-once engine cannot take (fairkv.wrappers): head-masked caches
+"""Whitelist and fair eviction for the presses the score-once engine cannot take (fairkv.runs.wrappers): head-masked caches
 decode as gathered ones, each variant keeps its budget, its whitelist and its fair shares, span 0's fair kept set
 never reads span 1, and the attack rows resume with their own fingerprint."""
 
@@ -8,9 +8,10 @@ from kvpress import BasePress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv import atlas, data, engine, experiment, fingerprint, generation, prompts, wrappers
-from fairkv.presses import registry
-from fairkv.presses.budget import fair_budgets
+from fairkv.core import data, engine, generation, prompts
+from fairkv.core.presses import registry
+from fairkv.core.presses.budget import fair_budgets
+from fairkv.runs import atlas, experiment, fingerprint, wrappers
 
 WRAPPERS = ["AdaKVPress", "CriticalKVPress", "BlockPress", "CriticalAdaKVPress"]
 
@@ -166,7 +167,7 @@ def test_attack_rows_resume_carry_their_fingerprint_and_the_engine_refuses(smoll
         assert at.loc[(key, "base"), "keep_defense"] < at.loc[(key, "base"), "keep_directive"] - 0.1
     code = rows["versions"].iloc[0]["code"]
     assert code == wrappers.versions()["code"] != fingerprint.code_fingerprint()
-    assert code.endswith("+" + fingerprint.module_fingerprint(wrappers.EXTENSION))
+    assert code.endswith("+" + fingerprint.of(fingerprint.WRAPPERS))
     assert wrappers.store_path(grid, tmp_path).exists()
     monkeypatch.setattr(wrappers, "_compute", lambda *a: pytest.fail("recomputed a stored row"))
     again = wrappers.attack(grid, tmp_path, progress=False, lm=smollm)

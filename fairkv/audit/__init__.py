@@ -27,7 +27,7 @@ the leaked text marked); the reports redact secrets unless asked to show them.
 """
 
 from fairkv.audit.cells import attack_fields, default_attacks, read_lines_or_jsonl, run
-from fairkv.audit.report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, VARIANTS, Audit, marked
+from fairkv.audit.report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, Audit, marked
 from fairkv.audit.spans import (
     AuditError,
     Spec,
@@ -39,11 +39,12 @@ from fairkv.audit.spans import (
     spec,
 )
 from fairkv.audit.verdict import rate_words
+from fairkv.core.presses import MITIGATIONS
 
 __all__ = [
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
-    "VARIANTS",
+    "MITIGATIONS",
     "Audit",
     "AuditError",
     "Spec",

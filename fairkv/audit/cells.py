@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv import data, engine, generation, metrics, models, prompts
-from fairkv.audit.report import VARIANTS, Audit
+from fairkv.audit.report import Audit
 from fairkv.audit.spans import AuditError, Spec, gives_reply, secret_pattern, span_leakage
-from fairkv.data import Record
-from fairkv.presses import check_ratio, get_policy
-from fairkv.presses.selection import WhitelistError
+from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core.data import Record
+from fairkv.core.presses import MITIGATIONS, check_ratio, get_policy
+from fairkv.core.presses.selection import WhitelistError
 
 
 def attack_fields(audited: Spec, response: str) -> dict:
@@ -78,7 +78,7 @@ def run(
     policies=("streamingllm",),
     ratios=(0.0, 0.25, 0.5, 0.75),
     attacks: list[str] | None = None,
-    variants=VARIANTS,
+    variants=MITIGATIONS,
     max_new_tokens: int = 64,
     batch_size: int = 64,
 ) -> Audit:
@@ -92,9 +92,9 @@ def run(
         get_policy(policy)
     for ratio in ratios:
         check_ratio(ratio)
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(MITIGATIONS)
     if unknown:
-        raise AuditError(f"unknown variant(s) {sorted(unknown)}: use {', '.join(VARIANTS)}")
+        raise AuditError(f"unknown variant(s) {sorted(unknown)}: use {', '.join(MITIGATIONS)}")
     attacks = default_attacks() if attacks is None else list(attacks)
     if not attacks:
         raise AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")

@@ -16,12 +16,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fairkv import metrics
 from fairkv.audit import verdict
 from fairkv.audit.spans import Spec, secret_pattern, without_replies
-from fairkv.paths import RESOURCES
+from fairkv.core import metrics
+from fairkv.core.paths import RESOURCES
+from fairkv.core.presses import MITIGATIONS
 
-VARIANTS = ("base", "whitelist", "fair")
 REPORT_SCHEMA_VERSION = 3  # report.json's layout, documented by REPORT_SCHEMA
 REPORT_SCHEMA = RESOURCES / "audit_report.schema.json"
 
@@ -83,7 +83,7 @@ class Audit:
         )
 
     def _order(self, value):
-        ranks = {name: i for i, name in enumerate((*self.policies, *VARIANTS))}
+        ranks = {name: i for i, name in enumerate((*self.policies, *MITIGATIONS))}
         return ranks.get(value, len(ranks))
 
     def findings(self) -> list[verdict.Finding]:

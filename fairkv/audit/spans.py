@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from fairkv import metrics
+from fairkv.core import metrics
 
 HEADER = re.compile(r"^##\s+(?P<name>[\w.-]+)(?P<rest>.*)$")
 ATTRIBUTE = re.compile(r"\s+(check|secret|reply)=")  # '## <name> check=<id> {json} secret=<text> reply=<text>'

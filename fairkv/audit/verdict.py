@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fairkv import metrics
+from fairkv.core import metrics
 
 LIMIT = 0.5  # leaking in this share of the attacks (or keeping under this share of the defense span) is critical
 INDICATIVE = 10  # fewer attacks than this: the rates are indicative

@@ -1,0 +1,123 @@
+"""Score once, cut many: one prefill per prompt yields the kept sets and caches of every policy, variant and ratio.
+
+kvpress compresses a layer's cache in a hook that runs after that layer's attention, so the prefill's hidden states,
+keys, values and attention weights never depend on the press: the scores a press computes at any ratio are the
+scores of the one uncompressed prefill. ``prefill`` runs it once with a collector that stores, per layer and policy,
+the three kinds of scores ``presses.selection.choose`` reads; ``cut`` applies ``choose`` to them at any
+(policy, variant, lam, ratio) and gathers the full cache: the same kept sets and the same compressed cache (same
+gather order) as running ``RecordingPress`` at that setting, without another forward pass.
+
+Out of scope: presses whose scores depend on the ratio other than StreamingLLM (handled: its kvpress score is
+rebuilt from the key shape at cut time) or that change the prefill itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from kvpress import BasePress
+from transformers import DynamicCache
+
+from fairkv.core.generation import Compressed, check_policy_fits
+from fairkv.core.models import LoadedModel, clock
+from fairkv.core.presses import check_ratio, make_press
+from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
+from fairkv.core.presses.selection import check_variant_inputs, choose, gather_kept
+from fairkv.core.prompts import Prompt
+
+STREAMING = "streamingllm"
+
+
+@dataclass
+class _ScoreCollector(BasePress):
+    """Stores every policy's "press", "ranking" and "local" scores per layer; compresses nothing."""
+
+    policies: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    scores: dict[tuple[str, int], dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        args = (module, hidden_states, keys, values, attentions, kwargs)
+        for policy in self.policies:
+            press = make_press(policy, 0.5)  # the ratio does not enter these scores (StreamingLLM's: see ``cut``)
+            entry = {"ranking": ranking_scores(press, *args), "local": span_local_scores(press, *args, self.spans)}
+            if policy != STREAMING:
+                entry["press"] = entry["ranking"]  # ranking_scores is press.score for every policy but StreamingLLM
+            self.scores[(policy, module.layer_idx)] = entry
+        return keys, values
+
+
+@dataclass
+class Prefilled:
+    """The uncompressed prefill of one prompt: its full cache and every policy's scores per layer."""
+
+    prompt: Prompt
+    cache: DynamicCache
+    scores: dict[tuple[str, int], dict[str, torch.Tensor]]
+    seconds: float
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.cache.layers)
+
+
+@torch.inference_mode()
+def prefill(lm: LoadedModel, prompt: Prompt, policies: tuple[str, ...]) -> Prefilled:
+    """One forward pass over the prefix, keeping the full cache and the scores of ``policies``."""
+    for policy in policies:
+        check_policy_fits(lm, prompt, policy)
+    collector = _ScoreCollector(tuple(policies), tuple((s.start, s.end) for s in prompt.spans))
+    cache = DynamicCache()
+    start = clock(lm.device)
+    with collector(lm.model):
+        lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
+    return Prefilled(prompt, cache, collector.scores, clock(lm.device) - start)
+
+
+def cut(
+    prefilled: Prefilled,
+    policy: str | None,
+    ratio: float,
+    variant: str = "base",
+    lam: float = 1.0,
+    keep_only_whitelist: bool = False,
+) -> Compressed:
+    """The compressed cache and kept positions of (policy, variant, lam, ratio), from the stored scores."""
+    check_ratio(ratio)
+    prompt = prefilled.prompt
+    if policy is not None:
+        check_variant_inputs(variant, prompt.spans, prompt.protected)
+    device = prefilled.cache.layers[0].keys.device
+    start = clock(device)
+    cache, kept = DynamicCache(), {}
+    spans = tuple((s.start, s.end) for s in prompt.spans)
+    for layer in range(prefilled.n_layers):
+        keys, values = prefilled.cache.layers[layer].keys, prefilled.cache.layers[layer].values
+        batch, heads, n, _ = keys.shape
+        if policy is None or ratio == 0.0:
+            if policy is not None:
+                kept[layer] = torch.arange(n, device=keys.device).expand(batch, heads, n)
+            cache.update(keys, values, layer)
+            continue
+        entry = prefilled.scores[(policy, layer)]
+
+        def scores(kind: str, entry=entry, keys=keys) -> torch.Tensor:
+            if kind == "press" and policy == STREAMING:  # kvpress's StreamingLLM score depends on the ratio
+                return make_press(STREAMING, ratio).score(None, None, keys, None, None, None)
+            return entry[kind]
+
+        indices = choose(
+            scores,
+            (batch, heads, n),
+            ratio,
+            variant,
+            lam,
+            spans,
+            prompt.protected,
+            keep_only_whitelist,
+            reserved_positions(make_press(policy, ratio), n),
+        ).to(keys.device)
+        kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
+        cache.update(kept_keys, kept_values, layer)
+    return Compressed(cache, prompt.n_tokens, kept, clock(device) - start, policy, ratio, variant, lam)

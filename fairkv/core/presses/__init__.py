@@ -1,0 +1,57 @@
+"""Eviction policies (kvpress presses with the paper's settings), their mitigations, and the kept-index recorder.
+
+``build_press`` is the one entry point: policy key x variant (base, whitelist, fair, fair+whitelist) x ratio x lam.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fairkv.core.presses.budget import BudgetError
+from fairkv.core.presses.recording import RecordingPress
+from fairkv.core.presses.registry import (
+    MITIGATIONS,
+    POLICIES,
+    VARIANTS,
+    Policy,
+    PolicyError,
+    check_ratio,
+    check_variant,
+    get_policy,
+    make_press,
+)
+from fairkv.core.presses.selection import SpanError, WhitelistError, check_variant_inputs
+
+
+def build_press(
+    policy: str,
+    ratio: float,
+    variant: str = "base",
+    spans: Sequence[tuple[int, int]] = (),
+    protected: Sequence[int] = (),
+    lam: float = 1.0,
+    keep_only_whitelist: bool = False,
+) -> RecordingPress:
+    """A recording press for ``policy`` at ``ratio`` in ``variant``; fair variants need ``spans``, whitelist ones
+    ``protected`` (both in token positions of the prefix)."""
+    check_variant_inputs(variant, spans, protected)
+    return RecordingPress(make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist)
+
+
+__all__ = [
+    "POLICIES",
+    "MITIGATIONS",
+    "VARIANTS",
+    "BudgetError",
+    "Policy",
+    "PolicyError",
+    "RecordingPress",
+    "SpanError",
+    "WhitelistError",
+    "build_press",
+    "check_variant_inputs",
+    "check_ratio",
+    "check_variant",
+    "get_policy",
+    "make_press",
+]

@@ -1,0 +1,140 @@
+"""Scores that rank prefix tokens: the base policy's, and the span-local ones of fair eviction (Appendix F).
+
+``ranking_scores`` is the base policy's score with one change: StreamingLLM's kvpress score is 1 for sinks and
+window and 0 elsewhere, which ties once a whitelist or a per-span budget asks for fewer tokens than the window holds;
+we rank by position instead (sinks first, then recency), which keeps exactly kvpress's set at its own budget and
+"the most recent tokens" at any other.
+
+``span_local_scores`` implements the per-policy adaptations of Appendix F so that one span's queries never score
+another span's keys. Scores are only compared within a span. Shapes: attentions (batch, heads, n, n); scores
+(batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
+
+Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
+is the last prompt token. Here each span's window and anchor are the span's own tail (Appendix F.4, F.7) for any
+number of spans; since the paper's spans absorb the template suffix into the last span, the last span's tail is the
+prompt's tail, as in their code, and every earlier span uses its own tail, as in the paper. Their fair H2O masks and
+normalises attention over the raw instruction spans; here over the spans as the prompt cuts them (the first absorbs
+the chat header, the last the template suffix), so that every prefix token belongs to a span and is scored (F.5
+names the spans, not how the header and suffix are split). Measured on Fig 9's H2O row (benchmarks/fair_h2o_spans.py,
+Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99.3% of the kept positions are the same,
+refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from kvpress import KnormPress, ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress, TOVAPress
+
+from fairkv.core.presses.budget import window_split
+
+Spans = Sequence[tuple[int, int]]
+
+
+def _streaming_scores(press: StreamingLLMPress, keys: torch.Tensor) -> torch.Tensor:
+    """Sinks first (+inf), then later positions higher: top-k keeps the sinks and the most recent tokens."""
+    batch, heads, n, _ = keys.shape
+    scores = torch.arange(n, dtype=torch.float32, device=keys.device).expand(batch, heads, n).clone()
+    scores[..., : press.n_sink] = float("inf")
+    return scores
+
+
+def reserved_positions(press: ScorerPress, n: int) -> tuple[int, ...]:
+    """Positions the policy keeps whatever the budget, outside fair eviction's split: StreamingLLM's sinks
+    (Appendix F.3: "keep the sinks, then the most recent b_X tokens of span X and the most recent b_Y of span Y")."""
+    return tuple(range(min(press.n_sink, n))) if isinstance(press, StreamingLLMPress) else ()
+
+
+def ranking_scores(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+    """The base policy's scores (batch, kv_heads, n), with StreamingLLM expressed as a ranking (see module doc)."""
+    if isinstance(press, StreamingLLMPress):
+        return _streaming_scores(press, keys)
+    return press.score(module, hidden_states, keys, values, attentions, kwargs)
+
+
+def _need_attentions(attentions, policy: str) -> torch.Tensor:
+    if attentions is None:
+        raise ValueError(f"span-local {policy} scoring needs attention weights: load the model with eager attention")
+    return attentions
+
+
+def _group_mean(scores: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(batch, heads, L) -> (batch, kv_heads, L): mean over the query heads that share a KV head."""
+    batch, heads, length = scores.shape
+    return scores.view(batch, kv_heads, heads // kv_heads, length).mean(2)
+
+
+def _snapkv_local(press: SnapKVPress, keys, attentions, spans: Spans) -> torch.Tensor:
+    """F.4: window W split across spans; span k's last W_k queries vote over span k's keys before its window,
+    mean over the window queries, pooled (kernel) inside the span, window tokens ranked first."""
+    attentions = _need_attentions(attentions, "SnapKV")
+    batch, kv_heads, n, _ = keys.shape
+    scores = torch.zeros(batch, kv_heads, n, dtype=torch.float32, device=keys.device)
+    for (start, end), window in zip(spans, window_split(press.window_size, len(spans))):
+        split = end - window
+        if window == 0 or split <= start:  # the whole span is its window
+            scores[..., start:end] = 1.0
+            continue
+        votes = attentions[:, :, split:end, start:split].float().mean(dim=2)  # (batch, heads, split - start)
+        votes = F.avg_pool1d(votes, kernel_size=press.kernel_size, padding=press.kernel_size // 2, stride=1)
+        votes = _group_mean(votes, kv_heads)
+        scores[..., start:split] = votes
+        scores[..., split:end] = votes.max() + 1
+    return scores
+
+
+def _h2o_local(keys, attentions, spans: Spans) -> torch.Tensor:
+    """F.5: attention from another span's queries is zeroed; each key's score is the mean attention it receives
+    from the causal queries of its own span, divided by their actual number (end - position)."""
+    attentions = _need_attentions(attentions, "H2O")
+    batch, kv_heads, n, _ = keys.shape
+    scores = torch.zeros(batch, kv_heads, n, dtype=torch.float32, device=keys.device)
+    for start, end in spans:
+        received = attentions[:, :, start:end, start:end].float().sum(dim=2)  # (batch, heads, L)
+        eligible = torch.arange(end - start, 0, -1, device=keys.device, dtype=torch.float32)
+        scores[..., start:end] = _group_mean(received / eligible, kv_heads)
+    return scores
+
+
+def _tova_local(keys, attentions, spans: Spans) -> torch.Tensor:
+    """F.7: one anchor per span (its last token) scores the span's earlier keys; mean over heads; anchor first."""
+    attentions = _need_attentions(attentions, "TOVA")
+    batch, kv_heads, n, _ = keys.shape
+    scores = torch.zeros(batch, kv_heads, n, dtype=torch.float32, device=keys.device)
+    for start, end in spans:
+        anchor = end - 1
+        weights = attentions[:, :, anchor, start:anchor].float().mean(dim=1, keepdim=True)  # (batch, 1, L - 1)
+        scores[..., start:anchor] = weights
+        scores[..., anchor] = weights.max() + 1 if anchor > start else 1.0
+    return scores
+
+
+def _knorm_local(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+    """F.6: K-Norm has no cross-token interaction; its scores are unchanged, only the budget split differs."""
+    return press.score(module, hidden_states, keys, values, attentions, kwargs)
+
+
+LocalScorer = Callable[..., torch.Tensor]
+LOCAL_SCORERS: dict[type, LocalScorer] = {
+    StreamingLLMPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _streaming_scores(press, keys),
+    SnapKVPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _snapkv_local(
+        press, keys, attn, spans
+    ),
+    ObservedAttentionPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _h2o_local(
+        keys, attn, spans
+    ),
+    TOVAPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _tova_local(keys, attn, spans),
+    KnormPress: _knorm_local,
+}
+
+
+def span_local_scores(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans: Spans):
+    """Appendix F's span-local scores (batch, kv_heads, n) of ``press`` for the given token spans."""
+    scorer = LOCAL_SCORERS.get(type(press))
+    if scorer is None:
+        raise TypeError(
+            f"no span-local scoring for {type(press).__name__}; known: {[t.__name__ for t in LOCAL_SCORERS]}"
+        )
+    return scorer(press, module, hidden_states, keys, values, attentions, kwargs, spans)

@@ -1,0 +1,661 @@
+"""Figures: plot functions take results and return a matplotlib Figure; ``save`` writes PNG and PDF.
+
+Plot functions read and write no files; every figure names the model and the sample size in its title.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from fairkv.core.evaluate import Evaluation
+from fairkv.core.metrics import LEAK_THRESHOLD
+from fairkv.core.paths import figures_dir
+from fairkv.core.presses import get_policy
+from fairkv.runs import runtime
+
+# One colour per policy and one per variant in every figure (colour-blind safe, Okabe-Ito); a figure coloured by
+# variant never uses a policy's meaning of a colour and the reverse.
+POLICY_COLOURS = {
+    "StreamingLLM": "#0072B2",
+    "H2O": "#D55E00",
+    "SnapKV": "#56B4E9",
+    "TOVA": "#CC79A7",
+    "K-Norm": "#000000",
+}
+VARIANT_COLOURS = {"base": "#7F7F7F", "whitelist": "#E69F00", "fair": "#009E73", "fair+whitelist": "#F0E442"}
+
+
+def suptitle(fig: plt.Figure, title: str) -> None:
+    """The figure's title, wrapped to the figure's width and set above its panels (figures are saved with a tight
+    bounding box), so a long title never runs over the panel titles."""
+    width = max(40, int(fig.get_figwidth() * 13))  # about 13 characters per inch at 10 pt
+    fig.suptitle(textwrap.fill(title, width), fontsize=10, y=1.0, va="bottom")
+
+
+def _in_order(values: pd.Series, hue: str) -> list:
+    """The distinct ``values`` in one order across figures: policies and variants as their colours list them (the
+    paper's order), anything else as it first appears."""
+    seen = list(dict.fromkeys(values))
+    known = list(palette(hue) or {})
+    return [v for v in known if v in seen] + [v for v in seen if v not in known]
+
+
+def palette(hue: str) -> dict | None:
+    """The fixed colours of ``hue`` ("policy" labels or "variant"), None for any other hue (seaborn's default)."""
+    return {"policy": POLICY_COLOURS, "variant": VARIANT_COLOURS}.get(hue)
+
+
+def save(fig: plt.Figure, name: str, folder: Path | None = None) -> list[Path]:
+    """Write ``name``.png and ``name``.pdf under ``folder`` (default: the figures directory); return the paths."""
+    folder = Path(folder) if folder is not None else figures_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.{ext}" for ext in ("png", "pdf")]
+    for path in paths:
+        fig.savefig(
+            path, bbox_inches="tight", dpi=150, metadata={"CreationDate": None} if path.suffix == ".pdf" else None
+        )
+    return paths
+
+
+def output_dir(profile: str, output: str | Path | None = None) -> Path:
+    """Where a notebook writes: ``output`` when given, else ``<figures>/<profile>/`` (so CI's small runs never
+    overwrite the committed cpu-profile figures)."""
+    return Path(output) if output else figures_dir() / profile
+
+
+def plotted(fig: plt.Figure) -> str:
+    """What a figure plots, in one line: its lines, scatter points and image cells, and the mean of their values
+    (y for lines and points). A notebook shows it under the figure's link, so nbval compares every figure's data."""
+    values, counts = [], {"lines": 0, "points": 0, "image cells": 0}
+    for ax in fig.axes:
+        for line in ax.lines:
+            y = np.asarray(line.get_ydata(), dtype=float)
+            if y.size:
+                counts["lines"] += 1
+                values.append(y)
+        for collection in ax.collections:
+            if type(collection).__name__ == "PathCollection":  # scatter points (error bands are polygons)
+                y = np.asarray(collection.get_offsets(), dtype=float).reshape(-1, 2)[:, 1]
+                counts["points"] += y.size
+                values.append(y)
+        for image in ax.images:
+            cells = np.asarray(image.get_array(), dtype=float).ravel()
+            counts["image cells"] += cells.size
+            values.append(cells)
+    flat = np.concatenate(values) if values else np.array([])
+    flat = flat[np.isfinite(flat)]
+    return (
+        "plotted: "
+        + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        + (f"; mean value {flat.mean():.4f}" if flat.size else "")
+    )
+
+
+def publish(fig: plt.Figure, name: str, folder: Path):
+    """Save the figure (PNG and PDF), close it, and return a Markdown link to the PNG for the notebook to show, with
+    what it plots (``plotted``).
+
+    The notebook keeps a link, not the image, so stored outputs stay small and the PNG in ``folder`` is the one
+    figure of record. The link is relative to the working directory (notebooks/ and reports/ are siblings).
+    """
+    from IPython.display import Markdown
+
+    png = save(fig, name, folder)[0]
+    summary = plotted(fig)
+    plt.close(fig)
+    return Markdown(f"![{name}]({os.path.relpath(png)})\n\n{summary}")
+
+
+def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digits: int = 4) -> list[Path]:
+    """Write ``name``.csv and ``name``.md under ``folder``/tables (default: the figures directory's); a pivoted
+    table's two-level column names are written as one ("refused 0.5"), not as tuples."""
+    if isinstance(table.columns, pd.MultiIndex):
+        table = table.set_axis(
+            [" ".join(str(part) for part in column if str(part)) for column in table.columns], axis=1
+        )
+    folder = (Path(folder) if folder is not None else figures_dir()) / "tables"
+    folder.mkdir(parents=True, exist_ok=True)
+    csv, markdown = folder / f"{name}.csv", folder / f"{name}.md"
+    table.to_csv(csv, index=False)
+    markdown.write_text(table.round(digits).to_markdown(index=False) + "\n")
+    return [csv, markdown]
+
+
+def keep_map_figure(evaluation: Evaluation) -> plt.Figure:
+    """Kept-token map: per policy, the fraction of (layer, KV head) pairs keeping each prefix token, per ratio.
+
+    Span boundaries are drawn as vertical lines and each span is labelled; the whitelist phrase is marked below.
+    """
+    prompt = evaluation.prompt
+    policies = list(dict.fromkeys(p for p, _ in evaluation.keep_maps))
+    ratios = sorted({r for _, r in evaluation.keep_maps})
+    fig, axes = plt.subplots(len(policies), 1, figsize=(11, 1.0 + 0.45 * len(ratios) * len(policies)), sharex=True)
+    axes = np.atleast_1d(axes)
+    for ax, policy in zip(axes, policies):
+        grid = np.stack([evaluation.keep_maps[(policy, r)].numpy() for r in ratios])
+        image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_yticks(range(len(ratios)), [f"r={r:g}" for r in ratios], fontsize=7)
+        ax.set_ylabel(get_policy(policy).label, rotation=0, ha="right", va="center", fontsize=9)
+        for span in prompt.spans[1:]:
+            ax.axvline(span.start - 0.5, color="white", lw=1.5)
+        if prompt.protected:
+            ax.plot(prompt.protected, [len(ratios) - 0.5] * len(prompt.protected), "|", color="red", ms=6)
+    for span in prompt.spans:
+        axes[0].text((span.start + span.end) / 2, -0.8, span.name, ha="center", va="bottom", fontsize=9)
+    axes[-1].set_xlabel("prefix token position (red ticks: whitelist phrase)")
+    fig.colorbar(image, ax=list(axes), label="share kept", fraction=0.02, pad=0.01)
+    fig.suptitle(
+        f"Kept-token map (share of layers x KV heads keeping each token) - model {evaluation.model}, "
+        f"record {int(evaluation.rows['key'].iloc[0])}, n = {prompt.n_tokens} tokens",
+        fontsize=10,
+    )
+    return fig
+
+
+DODGE = 0.01  # how far along r the lines of a policy figure are moved apart at most, so equal lines stay visible
+ZOOM_BELOW = 0.3  # a panel whose means all stay below this is drawn on its own scale (stated in its label)
+
+
+def _scale(ax: plt.Axes, means: pd.Series) -> str:
+    """0-1 for rates, accuracies and leakages; a panel whose means all stay below ``ZOOM_BELOW`` on 0 to a little above
+    them, so small values are not flattened against the axis: returns the note its label carries then ("" else)."""
+    top = float(means.max()) if len(means) else 1.0
+    if not top < ZOOM_BELOW:
+        ax.set_ylim(-0.05, 1.05)
+        return ""
+    upper = max(0.05, float(np.ceil(top * 1.6 / 0.05) * 0.05))
+    ax.set_ylim(-upper / 20, upper)
+    return f" (y axis 0-{upper:g})"
+
+
+def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: str = "policy") -> plt.Figure:
+    """One panel per metric column (column -> axis label), one line per ``hue`` value, against the compression ratio.
+
+    Lines are means over prompts with bootstrap 95% intervals (seeded, 1000 resamples), each ``hue`` value's moved
+    along r by at most ``DODGE`` so that equal lines do not hide one another. Each panel's title gives its
+    own n (the prompts with that metric: the benign side can be smaller than the attack side) and, when it draws fewer
+    ``hue`` values than the figure, which; small values get their own scale (``_scale``).
+    """
+    rows = _label_policies(rows) if hue == "policy" else rows
+    fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.4), sharex=True)
+    axes = np.atleast_1d(axes)
+    everyone = _in_order(rows[hue], hue)
+    # lines that coincide (two policies keeping the same tokens) stay visible: each hue's points are dodged a little
+    # along r, by at most DODGE
+    dodge = dict(zip(everyone, np.linspace(-DODGE, DODGE, len(everyone)) if len(everyone) > 1 else [0.0]))
+    for ax, (column, label) in zip(axes, columns.items()):
+        data = rows.dropna(subset=[column]) if column in rows else rows.iloc[:0]
+        data = data.assign(ratio=data["ratio"] + data[hue].map(dodge))
+        sns.lineplot(
+            data=data,
+            x="ratio",
+            y=column,
+            hue=hue,
+            marker="o",
+            ax=ax,
+            errorbar=("ci", 95),
+            n_boot=1000,
+            seed=0,
+            legend=ax is axes[-1],
+            palette=palette(hue),
+            hue_order=everyone,
+        )
+        drawn = list(dict.fromkeys(data[hue]))
+        only = f", {', '.join(drawn)} only" if len(drawn) < len(everyone) else ""
+        ax.set_title(f"n = {data['key'].nunique()} prompts{only}", fontsize=8)
+        ax.set_ylabel(textwrap.fill(label + _scale(ax, data.groupby([hue, "ratio"])[column].mean()), 32))
+        ax.set_xlabel("compression ratio r")
+    if axes[-1].get_legend() is not None:
+        sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1, 1))
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
+
+
+# Wherever leakage is plotted, defense compliance is plotted beside it: ROUGE-L alone misses a model that drops the
+# defense but echoes the attack instead of reciting its prompt.
+COMPLIANCE_PANELS = {"refused": "defense obeyed (refusal rate)", "leaked": f"leak rate (ROUGE-L > {LEAK_THRESHOLD})"}
+
+
+REFERENCES = {
+    "directive": "directive",
+    "defense": "defense (without its scripted reply)",
+    "defense_raw": "defense (whole template)",
+}
+
+
+def leakage_figure(rows: pd.DataFrame, title: str, hue: str = "policy", reference: str = "directive") -> plt.Figure:
+    """Leakage of ``reference`` (directive or defense) beside the defense-compliance and leak rates."""
+    panels = {f"leak_{reference}": f"{REFERENCES[reference]} leakage (ROUGE-L recall)", **COMPLIANCE_PANELS}
+    return policy_curves(rows, panels, title, hue)
+
+
+def describe(model: str, rows: pd.DataFrame, extra: str = "") -> str:
+    """A figure title naming the model and the sample size (number of distinct prompts); where the queries ran on
+    different numbers of prompts (the benign side of a profile can be smaller), the range, each panel stating its
+    own (``policy_curves``, ``variant_figure``)."""
+    sizes = sorted({group["key"].nunique() for _, group in rows.groupby("query")}) if "query" in rows else []
+    sizes = sizes or [rows["key"].nunique()]
+    n = f"n = {sizes[0]} prompt(s)" if len(sizes) == 1 else f"n = {sizes[0]}-{sizes[-1]} prompts (each panel its own)"
+    return f"model {model}, {n}{', ' + extra if extra else ''}"
+
+
+def _label_policies(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.assign(policy=rows["policy"].map(lambda p: get_policy(p).label))
+
+
+def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
+    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised
+    by the class's accuracy at r = 0. Every class is drawn in the raw column; the legend gives each class's number of
+    instructions (single / multi), and the normalised panel names the classes that score 0 at r = 0 and so cannot be
+    normalised (they are absent from it, not lost)."""
+    counts = accuracy[accuracy["ratio"] == 0.0].pivot_table(index="class", columns="prompts", values="n", aggfunc="sum")
+    count = lambda name, kind: int(counts.at[name, kind]) if kind in counts and pd.notna(counts.at[name, kind]) else 0
+    label = {name: f"{name} (n = {count(name, 'single')} / {count(name, 'multi')})" for name in counts.index}
+    labelled = accuracy.assign(**{"class": accuracy["class"].map(label)})
+    long = labelled.melt(
+        id_vars=["prompts", "class", "ratio"],
+        value_vars=["accuracy", "normalised"],
+        var_name="scale",
+        value_name="value",
+    )
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="class",
+        row="prompts",
+        col="scale",
+        kind="line",
+        marker="o",
+        height=2.8,
+        aspect=1.4,
+        facet_kws={"sharey": False},
+        row_order=["single", "multi"],
+        col_order=["accuracy", "normalised"],
+    )
+    grid.set_titles("{row_name}-instruction prompts, {col_name}")
+    colours = {
+        text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)
+    }
+    for (kind, scale), ax in grid.axes_dict.items():
+        if scale == "accuracy":  # the raw accuracy's 95% Wilson band per class (``analysis.class_accuracy``)
+            for name, line in labelled[labelled["prompts"] == kind].sort_values("ratio").groupby("class"):
+                ax.fill_between(
+                    line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1, linewidth=0
+                )
+        ax.set_xlabel("compression ratio r")
+        ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
+        if scale == "normalised":
+            lost = accuracy[(accuracy["prompts"] == kind) & (accuracy["ratio"] == 0.0) & (accuracy["accuracy"] == 0.0)]
+            if not lost.empty:
+                ax.text(
+                    0.02,
+                    0.02,
+                    "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])),
+                    fontsize=6,
+                    transform=ax.transAxes,
+                    va="bottom",
+                )
+    grid.legend.set_title("class (n instructions: single / multi)")
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figure:
+    """Fig 2b / Fig 3 right: Spearman rho(r) of the instruction-class ranking, one line per ``hue`` value."""
+    rhos = _label_policies(rhos) if hue == "policy" else rhos
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax, palette=palette(hue))
+    if {"low", "high"} <= set(rhos.columns):  # ``analysis.spearman_intervals``: a 95% band per line
+        colours = {line.get_label(): line.get_color() for line in ax.get_legend().get_lines()}
+        for name, line in rhos.sort_values("ratio").groupby(hue):
+            ax.fill_between(
+                line["ratio"], line["low"], line["high"], color=colours.get(str(name)), alpha=0.15, linewidth=0
+            )
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1, 1))  # beside the panel, never over the curves
+    ax.set_xlabel("compression ratio r")
+    ax.set_ylabel("Spearman rho vs r = 0")
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 7 and 10: keep rate of the defense and the directive span vs r; columns policies, rows orders."""
+    long = _label_policies(rows).melt(
+        id_vars=["key", "policy", "order", "ratio"],
+        value_vars=["keep_defense", "keep_directive"],
+        var_name="span",
+        value_name="keep rate",
+    )
+    long["span"] = long["span"].str.removeprefix("keep_")
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        col="policy",
+        row="order",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.5,
+        aspect=1.0,
+    )
+    grid.set_axis_labels("compression ratio r", "keep rate")
+    grid.set_titles("{col_name}, {row_name} order")
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def variant_figure(
+    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] | None = None
+) -> plt.Figure:
+    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
+    (columns, named above), one line per variant; ``ylim`` for every row, else 0-1 and a row whose means all stay
+    small on its own scale (``_scale``)."""
+    long = (
+        _label_policies(rows)
+        .melt(
+            id_vars=["key", "policy", "variant", "ratio"],
+            value_vars=list(columns),
+            var_name="metric",
+            value_name="value",
+        )
+        .dropna(subset=["value"])
+    )
+    present = [column for column in columns if (long["metric"] == column).any()]  # a metric no row carries: no panels
+    long["metric"] = long["metric"].map(columns)
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="policy",
+        row="metric",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.4,
+        aspect=1.0,
+        row_order=[columns[c] for c in present],
+        palette=palette("variant"),
+        facet_kws={"sharey": "row"},
+        hue_order=_in_order(long["variant"], "variant"),
+        col_order=_in_order(long["policy"], "policy"),
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}", size=9)
+    for row, (axes, column) in enumerate(zip(grid.axes, present)):
+        picked = long[long["metric"] == columns[column]]
+        if ylim is None:  # sharey="row": one scale per row, set on its first panel
+            note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
+        else:
+            axes[0].set_ylim(ylim)
+            note = ""
+        axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
+        for ax in axes:
+            if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not run at\nthis profile",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="grey",
+                    transform=ax.transAxes,
+                )
+        for ax in axes if row else ():
+            ax.set_title("")  # the policy is named above the first row only
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the plane lists them
+
+
+def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "directive accuracy") -> plt.Figure:
+    """Figs 15-18: directive accuracy (named ``accuracy`` on the axis) against directive leakage, one panel per order
+    (rows) and ratio (columns), one point per lambda. Points of one policy are joined in lambda order and drawn as
+    hollow rings that shrink as lambda grows, so lambdas that land on the same point stay visible as concentric
+    rings."""
+    plane = _label_policies(plane)
+    ratios, orders = sorted(plane["ratio"].unique()), [o for o in ("normal", "flipped") if o in set(plane["order"])]
+    lams = sorted(plane["lam"].unique())
+    colours = dict(zip(lams, sns.color_palette("viridis", len(lams))))
+    sizes = dict(zip(lams, np.linspace(260, 30, len(lams))))
+    markers = dict(zip(plane["policy"].unique(), LAMBDA_MARKERS))
+    fig, axes = plt.subplots(
+        len(orders),
+        len(ratios),
+        figsize=(2.8 * len(ratios), 2.8 * len(orders) + 0.4),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+    )
+    for row, order in enumerate(orders):
+        for ax, ratio in zip(axes[row], ratios):
+            frame = plane[(plane["ratio"] == ratio) & (plane["order"] == order)]
+            for policy, points in frame.sort_values("lam").groupby("policy", sort=False):
+                ax.plot(points["leakage"], points["accuracy"], color="0.7", linewidth=0.8, zorder=1)
+                for point in points.itertuples():
+                    ax.scatter(
+                        point.leakage,
+                        point.accuracy,
+                        s=sizes[point.lam],
+                        marker=markers[policy],
+                        facecolors="none",
+                        edgecolors=[colours[point.lam]],
+                        linewidths=1.6,
+                        zorder=2,
+                    )
+            ax.set_title(f"{order} order, r = {ratio:g}", fontsize=8)
+            ax.set_xlabel("directive leakage" if row == len(orders) - 1 else "")
+        axes[row][0].set_ylabel(accuracy)
+    handles = [
+        plt.Line2D(
+            [],
+            [],
+            marker="o",
+            linestyle="",
+            markerfacecolor="none",
+            markeredgecolor=colours[lam],
+            markersize=np.sqrt(sizes[lam]),
+            label=f"lambda = {lam:g}",
+        )
+        for lam in lams
+    ]
+    handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.3", label=policy) for policy, m in markers.items()]
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
+
+
+RUNTIME_PANELS = {
+    "compress_per_100": "compression s / 100 prefix tokens",
+    "decode_per_100": "decoding s / 100 new tokens",
+    "throughput": "decoding throughput (tok/s)",
+}
+
+
+def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 23-24: compression and decoding cost and throughput vs r (rows of panels) per policy (columns), one line
+    per variant; medians over the timed rounds with interquartile bands."""
+    long = _label_policies(runtime.per_100(timings)).melt(
+        id_vars=["policy", "variant", "ratio"], value_vars=list(RUNTIME_PANELS), var_name="metric", value_name="value"
+    )
+    long["metric"] = long["metric"].map(RUNTIME_PANELS)
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="policy",
+        row="metric",
+        kind="line",
+        marker="o",
+        estimator="median",
+        errorbar=("pi", 50),
+        height=2.4,
+        aspect=1.1,
+        row_order=list(RUNTIME_PANELS.values()),
+        palette=palette("variant"),
+        facet_kws={"sharey": "row"},
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}: {row_name}", size=8)
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
+    """N instruction spans: keep rate and compliance per span vs r (rows), one column per span count, one line per
+    variant (means over spans and prompts, 95% bootstrap intervals)."""
+    long = spans.melt(
+        id_vars=["n_spans", "variant", "ratio"],
+        value_vars=["keep_rate", "compliance"],
+        var_name="metric",
+        value_name="value",
+    )
+    long["metric"] = long["metric"].map({"keep_rate": "keep rate", "compliance": "compliance"})
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="n_spans",
+        row="metric",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.4,
+        aspect=1.0,
+        palette=palette("variant"),
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name} spans: {row_name}", size=8)
+    grid.set(ylim=(-0.05, 1.05))
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def budget_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
+    """Absolute budget against ratio: each span's compliance against the tokens it keeps, one panel per variant,
+    colour the span count (ratio-free: a span that keeps k tokens complies about as well whatever the prompt size?)."""
+    compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: t["kept_tokens"].round(-1).clip(upper=60))
+    compressed = compressed.rename(columns={"n_spans": "spans in the prompt"})
+    grid = sns.relplot(
+        data=compressed,
+        x="kept",
+        y="compliance",
+        hue="spans in the prompt",
+        col="variant",
+        kind="line",
+        marker="o",
+        errorbar=None,
+        palette="viridis",
+        height=2.8,
+        aspect=1.2,
+    )
+    grid.set_axis_labels("tokens kept in the span\n(rounded to 10, 60 = 60+)", "compliance")
+    grid.set(ylim=(-0.05, 1.05))
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
+    """Many attacks: ``metric`` per attack category (rows of the heat map) and (variant, ratio) (columns), means over
+    prompts and the category's attacks."""
+    table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
+    sns.heatmap(
+        table,
+        vmin=0,
+        vmax=1,
+        cmap="rocket_r",
+        annot=True,
+        fmt=".2f",
+        annot_kws={"size": 7},
+        ax=ax,
+        cbar_kws={"label": label},
+    )
+    ax.set_xlabel("variant, compression ratio r")
+    ax.set_ylabel("")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
+    """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
+    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey."""
+    presses = list(table["press"].cat.categories)  # press_patterns.bias's ranking
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
+    for ax, order in zip(axes, ("normal", "flipped")):
+        part = table[table["order"] == order].set_index("press").reindex(presses)
+        y = range(len(presses))
+        colours = [POLICY_COLOURS.get(p, "#7F7F7F") for p in presses]
+        ax.errorbar(
+            part["bias"],
+            y,
+            xerr=[part["bias"] - part["low"], part["high"] - part["bias"]],
+            fmt="none",
+            ecolor=colours,
+            elinewidth=1.5,
+        )
+        ax.scatter(part["bias"], y, c=colours, zorder=3, s=18)
+        ax.axvline(0, color="black", linewidth=0.8)
+        first = "defense" if order == "normal" else "directive"
+        ax.set_title(f"{order} order ({first} first)")
+        ax.set_xlabel("keep rate: defense - directive")
+    axes[0].set_yticks(range(len(presses)), presses)
+    axes[0].invert_yaxis()
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
+
+
+def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) -> plt.Figure:
+    """Notebook 12: keep rate of the defense and the directive vs r, one panel per press in the order of ``presses``
+    (the bias ranking), both orders (line styles)."""
+    long = curves.melt(
+        id_vars=["press", "order", "ratio"],
+        value_vars=["keep_defense", "keep_directive"],
+        var_name="span",
+        value_name="keep rate",
+    )
+    long["span"] = long["span"].str.removeprefix("keep_")
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        style="order",
+        col="press",
+        col_wrap=6,
+        col_order=presses,
+        kind="line",
+        marker="o",
+        markersize=3,
+        height=1.8,
+        aspect=1.0,
+    )
+    grid.set_axis_labels("r", "keep rate")
+    grid.set_titles("{col_name}", size=8)
+    suptitle(grid.figure, title)
+    return grid.figure

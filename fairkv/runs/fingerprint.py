@@ -1,0 +1,304 @@
+"""A fingerprint of the code that decides a result row: every row carries it, and rows of other code never mix.
+
+Library versions do not change when our own code does: a second local run would replay rows that older presses, an
+older engine or older prompt code computed. A fingerprint hashes the **definitions** a kind of row is computed by, not
+the files they live in. It starts from the row's entry points (``SWEEP``: ``experiment.run``; the atlas's and the
+wrappers' own in their modules) and follows every name they use, through any fairkv module, to the definition it
+names: functions, classes, constants, top-level statements of a module it reaches, and the import statement of every
+outside library name (``from kvpress import SnapKVPress``). Each definition counts by its syntax tree without
+docstrings, without the module it lives in or the fairkv imports that reach it (``data.load_records`` reads as
+``load_records``), and without the text of the errors it raises (a raise ends a row; which error, and when, count).
+So:
+
+- an edit of a comment, a docstring, an error message or the formatting keeps the fingerprint, and any other edit of
+  code a row runs does not;
+- a pure move of a module (``fairkv/data.py`` to ``fairkv/core/data.py``, its imports updated) keeps it;
+- a definition no row reaches (a figure, a claim, a notebook's helper) never changes it, even in a module rows use.
+
+Modules in ``NEUTRAL`` run rows but cannot change their content (where files live, progress bars, the store's locking
+and format, the executors that carry tasks and rows, this module): a name taken from them counts by its module's name
+and its own, not its definition, so pointing the code at another definition still changes the fingerprint.
+
+``versions`` stamps ``code_fingerprint()`` and the libraries' versions on every row; ``experiment.run`` refuses a
+store whose rows carry another, and ``fairkv restamp`` (``verify.restamp``) gives rows a new fingerprint only after
+recomputing a sample of them identically. The judge (``fairkv.runs.judge``) is not among them: its scores live in a store of their own, keyed by
+``JUDGE_VERSION``, and never change a sweep row.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import version
+from pathlib import Path
+
+import fairkv
+from fairkv.core import metrics
+
+PACKAGE = Path(__file__).resolve().parents[1]
+# The entry points of each kind of row (package-relative module, colon, name). A move updates these paths only.
+SWEEP = ("runs/experiment.py:run",)  # the paper's sweep rows: every study's, verify's and the CLI's
+ATLAS = ("runs/atlas.py:run",)  # the press atlas's keep rates
+ANYPRESS = ("runs/anypress.py:register",)  # kvpress scorers added to the score-once engine (the atlas's attack rows)
+WRAPPERS = (
+    "runs/wrappers.py:attack",
+    "runs/wrappers.py:register",
+)  # presses compressed per setting (kvpress's wrappers)
+NEUTRAL = ("core/paths.py", "core/progress.py", "runs/store.py", "runs/executors.py", "runs/fingerprint.py")
+
+
+class FingerprintError(ValueError):
+    """An entry point that names no definition."""
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def _bound(statement: ast.stmt) -> set[str]:
+    """The module-level names a top-level statement binds (through ``if`` / ``try`` blocks too)."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
+    if isinstance(statement, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+        inner = [s for block in ("body", "orelse", "finalbody", "handlers") for s in getattr(statement, block, [])]
+        inner = [s for item in inner for s in (item.body if isinstance(item, ast.ExceptHandler) else [item])]
+        return set().union(*(_bound(s) for s in inner)) if inner else set()
+    targets = {
+        ast.Assign: lambda s: s.targets,
+        ast.AnnAssign: lambda s: [s.target],
+        ast.AugAssign: lambda s: [s.target],
+    }.get(type(statement))
+    if targets is None:
+        return set()
+    return {node.id for target in targets(statement) for node in ast.walk(target) if isinstance(node, ast.Name)}
+
+
+@dataclass
+class _Module:
+    """One package module: its top-level statements by the names they bind, and where its imported names point."""
+
+    path: str  # relative to the package, e.g. "presses/selection.py"
+    statements: list[ast.stmt]
+    binders: dict[str, list[int]] = field(default_factory=dict)  # name -> indices of statements that bind it
+    internal: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # name -> (module path, attribute)
+    external: dict[str, str] = field(default_factory=dict)  # name -> its import, as text
+
+    @property
+    def package(self) -> list[str]:
+        return self.path.split("/")[:-1]
+
+
+def _module_path(dotted: list[str]) -> str | None:
+    """The package-relative file of the fairkv module ``dotted`` (without the leading ``fairkv``), if there is one."""
+    for candidate in ("/".join(dotted) + ".py", "/".join(dotted + ["__init__.py"])):
+        if candidate != ".py" and (PACKAGE / candidate).is_file():
+            return candidate
+    return None
+
+
+def _parse(path: str) -> _Module:
+    tree = _without_docstrings(ast.parse((PACKAGE / path).read_text()))
+    module = _Module(path, tree.body)
+    for index, statement in enumerate(tree.body):
+        for name in _bound(statement):
+            module.binders.setdefault(name, []).append(index)
+        for node in ast.walk(statement):
+            if isinstance(node, ast.ImportFrom):
+                base = module.package[: len(module.package) - node.level + 1] if node.level else []
+                dotted = [*base, *(node.module.split(".") if node.module else [])]
+                if node.level or dotted[:1] == ["fairkv"]:
+                    dotted = dotted[1:] if not node.level else dotted
+                    for alias in node.names:
+                        target = _module_path([*dotted, alias.name])
+                        local = alias.asname or alias.name
+                        module.internal[local] = (target, None) if target else (_module_path(dotted), alias.name)
+                    continue
+                for alias in node.names:
+                    text = f"from {node.module} import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+                    module.external[alias.asname or alias.name] = text
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "fairkv":
+                        dotted = alias.name.split(".")[1:]
+                        module.internal[alias.asname or "fairkv"] = (
+                            (_module_path(dotted), None) if alias.asname else ("__init__.py", None)
+                        )
+                    else:
+                        text = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+                        module.external[(alias.asname or alias.name).split(".")[0]] = text
+    return module
+
+
+@lru_cache(maxsize=None)
+def _module(path: str) -> _Module:
+    return _parse(path)
+
+
+def _is_import(statement: ast.stmt) -> bool:
+    return isinstance(statement, (ast.Import, ast.ImportFrom))
+
+
+class _Unqualified(ast.NodeTransformer):
+    """``data.load_records`` (``data`` a fairkv module) reads as ``load_records``: the module a definition lives in
+    is not part of it, however the code reaches it."""
+
+    def __init__(self, module: _Module) -> None:
+        self.module = module
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name):
+            target = self.module.internal.get(node.value.id)
+            if target and target[1] is None:
+                return ast.Name(id=node.attr, ctx=node.ctx)
+        return self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+        """An import of a fairkv module inside a function is dropped, as at the top: where a module lives is not
+        code, and an import may move between a function and its module's top."""
+        internal = node.level or (node.module or "").split(".")[0] == "fairkv"
+        return None if internal else node
+
+    def visit_Import(self, node: ast.Import) -> ast.AST | None:
+        return None if any(alias.name.split(".")[0] == "fairkv" for alias in node.names) else node
+
+    def visit_Raise(self, node: ast.Raise) -> ast.AST:
+        """The text of an error is not code a row's content depends on (a raise ends the row): its strings read as
+        empty, so a message may name a moved module or say more, while the exception raised and when still count."""
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call):
+                inner.args = [_blank(arg) for arg in inner.args]
+        return self.generic_visit(node)
+
+
+def _blank(node: ast.expr) -> ast.expr:
+    """A string or f-string read as an empty string."""
+    is_text = isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+    return ast.Constant(value="") if is_text else node
+
+
+class _Walk:
+    """The definitions reachable from some entry points, collected as the texts that are hashed."""
+
+    def __init__(self) -> None:
+        self.texts: set[str] = set()
+        self.seen: set[tuple[str, int]] = set()
+        self.modules: set[str] = set()
+
+    def statement(self, path: str, index: int) -> None:
+        if (path, index) in self.seen:
+            return
+        self.seen.add((path, index))
+        module = _module(path)
+        statement = module.statements[index]
+        if not _is_import(statement):
+            self.texts.add(ast.dump(_Unqualified(module).visit(copy.deepcopy(statement))))
+        self.enter(path)
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                target = module.internal.get(node.value.id)
+                if target and target[1] is None and target[0]:
+                    self.name(target[0], node.attr)
+            if isinstance(node, ast.Name):
+                self.local(module, node.id)
+
+    def enter(self, path: str) -> None:
+        """A module's statements that bind no name run whenever it is imported: they count once it is reached."""
+        if path in self.modules:
+            return
+        self.modules.add(path)
+        for index, statement in enumerate(_module(path).statements):
+            if not _bound(statement) and not _is_import(statement):
+                self.statement(path, index)
+
+    def local(self, module: _Module, name: str) -> None:
+        if name in module.binders and any(not _is_import(module.statements[i]) for i in module.binders[name]):
+            for index in module.binders[name]:
+                if not _is_import(module.statements[index]):
+                    self.statement(module.path, index)
+        elif name in module.internal:
+            path, attribute = module.internal[name]
+            if attribute is not None and path:
+                self.name(path, attribute)
+        elif name in module.external:
+            self.texts.add(module.external[name])
+
+    def name(self, path: str, attribute: str) -> None:
+        """``attribute`` as the module at ``path`` defines or imports it."""
+        if path in NEUTRAL:
+            self.texts.add(f"{Path(path).stem}.{attribute}")
+            return
+        module = _module(path)
+        if attribute not in module.binders and attribute not in module.internal:
+            submodule = _module_path([*module.package, attribute])
+            if submodule is None:
+                raise FingerprintError(f"fairkv/{path} defines no {attribute!r}")
+            self.enter(submodule)
+            return
+        self.local(module, attribute)
+
+
+def definitions(roots: tuple[str, ...]) -> set[str]:
+    """The hashed texts of the definitions reachable from ``roots`` (``"module.py:name"``, package-relative)."""
+    walk = _Walk()
+    for root in roots:
+        path, _, name = root.partition(":")
+        if not (PACKAGE / path).is_file() or name not in _module(path).binders:
+            raise FingerprintError(f"fingerprint entry point {root!r}: fairkv/{path} defines no {name!r}")
+        walk.name(path, name)
+    return walk.texts
+
+
+def of(roots: tuple[str, ...]) -> str:
+    """12 hex digits of sha256 over the sorted texts of the definitions reachable from ``roots``."""
+    digest = hashlib.sha256()
+    for text in sorted(definitions(roots)):
+        digest.update(text.encode() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# Entry points that add presses to the engine at run time (``fairkv.runs.anypress.register``): in a process that
+# registered them, they decide rows too, so every row it computes carries their fingerprint beside the sweep's.
+EXTENSIONS: list[str] = []
+
+
+def extend(roots: tuple[str, ...]) -> None:
+    """Count the definitions reachable from ``roots`` in the fingerprint of every row this process computes."""
+    EXTENSIONS.extend(root for root in roots if root not in EXTENSIONS)
+    code_fingerprint.cache_clear()
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The fingerprint of ``SWEEP``, followed by that of the ``EXTENSIONS`` when a module registered any."""
+    base = of(SWEEP)
+    return f"{base}+{of(tuple(EXTENSIONS))}" if EXTENSIONS else base
+
+
+def clear() -> None:
+    """Forget parsed modules and fingerprints (after the package's files changed, or ``PACKAGE`` moved)."""
+    _module.cache_clear()
+    code_fingerprint.cache_clear()
+
+
+def versions() -> dict[str, str]:
+    """Versions that determine a result: ours, our result code's fingerprint, the scorer's and the libraries'."""
+    return {
+        "fairkv": fairkv.__version__,
+        "code": code_fingerprint(),
+        "metrics": metrics.METRICS_VERSION,
+        **{name: version(name) for name in ("torch", "transformers", "kvpress", "lm-eval", "rouge-score")},
+    }

@@ -1,0 +1,280 @@
+"""Recompute stored rows from scratch and say how many come out identical (``fairkv verify --sample K``).
+
+A committed results store (``results/cpu/``) is only as good as the claim that this code computes it. ``verify`` draws
+K rows at random (seeded), rebuilds each row's one-cell grid from its identity (model, precision, dataset and prompt,
+order, setting, query, token budget, template), computes it in an empty store with the stored model and precision,
+and compares every field except timings and library stamps (``IGNORED``): the response, the keep rates and every
+score. The rebuilt cell must have the stored cell id, so a row whose identity this code cannot rebuild is an error,
+not a mismatch.
+
+Rows computed by other result code (another ``versions["code"]``, ``fairkv.runs.fingerprint``) are refused: this code
+cannot vouch for them. A cell recomputed alone decodes in a batch of one, while the sweep decoded it in a running batch
+of up to ``batch_size`` answers: in bfloat16 a batch's shape changes how matmuls round, so a response can part from the
+stored one where two tokens were (nearly) tied. Such a row is a *near tie*, not a defect: everything but the response
+and what is scored from it agrees, and at the first token where the two responses part, the stored token's logit is
+within ``TIE_STEPS`` rounding steps of the row's precision of the recomputed token's (the logits of the response's
+common beginning, teacher-forced on the recomputed cache). The cpu profile's ``fairkv verify --sample 20`` found 17
+identical and 3 near ties, each 0 or 1 bfloat16 step apart (``' instructions'`` vs ``' request'`` at 16.875 vs 16.75);
+float32 rows recompute exactly (``tests/test_verify.py``). Any other difference (a keep rate, a response that parts
+where one token clearly led) is reported as differing, and the command exits with status 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fairkv.core import data, engine, generation, models, prompts
+from fairkv.core.progress import Bar
+from fairkv.runs import anypress, atlas, experiment, fingerprint, wrappers
+from fairkv.runs.store import ResultsStore
+
+IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  # timings and stamps: never equal twice
+TIE_STEPS = 2  # a near tie: the two tokens' logits at most this many rounding steps of the precision apart
+SWEEP_IDENTITY = {"dataset", "key", "order", "policy", "variant", "lam", "ratio", "query", "max_new_tokens", "dtype"}
+COMPRESSION = ("n_prefix", "span_tokens", "keep_")  # fields (and prefixes) a near tie never changes
+STAMPS = ("code", "atlas")  # the versions fields that name the code that computed a row (fairkv.runs.fingerprint)
+
+
+class VerifyError(ValueError):
+    """Rows that cannot be recomputed by this code."""
+
+
+@dataclass
+class Report:
+    store: str
+    sampled: int
+    now: dict = field(default_factory=dict)  # this checkout's stamp for the store's kind of row
+    identical: int = 0
+    differing: dict[str, list[str]] = field(default_factory=dict)  # cell id -> fields that differ
+    near_ties: dict[str, str] = field(default_factory=dict)  # differing cell id -> where its responses part, and why
+
+    @property
+    def defects(self) -> list[str]:
+        """Differing rows that a near tie does not explain."""
+        return [cell for cell in self.differing if cell not in self.near_ties]
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.store}: {self.identical} of {self.sampled} rows recomputed identically, "
+            f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps), "
+            f"{len(self.defects)} differ otherwise"
+        ]
+        for cell, fields in self.differing.items():
+            tie = f" after a near tie: {self.near_ties[cell]}" if cell in self.near_ties else ""
+            lines.append(f"  {cell}: differs in {', '.join(fields)}{tie}")
+        return "\n".join(lines)
+
+
+def stamp(versions: dict) -> str:
+    """The code a row's ``versions`` name: its fingerprint, and the atlas's beside it for keep rates."""
+    return "/".join(versions[name] for name in STAMPS if name in versions)
+
+
+def cell_grid(row: dict) -> experiment.Grid:
+    """The one-cell grid whose only cell is ``row``'s (its cell id is checked by ``verify``)."""
+    keys = [record.key for record in data.load_records(row["dataset"])]
+    if row["key"] not in keys:
+        raise VerifyError(f"cell {row['cell_id']}: prompt {row['key']} is not in {row['dataset']}")
+    tokens = max(1, int(row["max_new_tokens"]))  # keep rows decode nothing (0): any budget gives their identity
+    return experiment.Grid(
+        model=row["model"],
+        dataset=row["dataset"],
+        start=keys.index(row["key"]),
+        n_prompts=1,
+        orders=(row["order"],),
+        policies=(row["policy"] if row["policy"] != "none" else "streamingllm",),
+        variants=(row["variant"],),
+        lams=(row["lam"],),
+        ratios=(row["ratio"],),
+        queries=(row["query"],),
+        max_new_tokens=tokens,
+        benign_tokens=tokens,
+        int8=row["int8"],
+        dtype=row["dtype"],
+        template=row.get("template"),
+        batch_size=1,
+    )
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of stored row: the versions this checkout stamps on it, and how one row is computed afresh (in an
+    empty folder, with the row's model loaded once per store) into its store's rows by cell id."""
+
+    name: str
+    versions: Callable[[], dict]
+    recompute: Callable[[dict, models.LoadedModel, Path], dict]
+    engine: bool  # decoded from the score-once engine's cache (``near_tie`` can explain a parted response)
+
+
+def _sweep(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
+    grid = cell_grid(row)
+    experiment.run(grid, folder, progress=False, lm=lm)
+    return experiment.store_for(grid, folder).rows()
+
+
+def _wrapped(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
+    grid = cell_grid(row)
+    wrappers.attack(grid, folder, progress=False, lm=lm)
+    return ResultsStore(wrappers.store_path(grid, folder)).rows()
+
+
+def _keep_rates(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
+    record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
+    prompt = prompts.paper_prompt(lm.tokenizer, record, data.load_defense_templates(), row["order"])
+    ((keep, error),) = atlas.keep_rates(lm, prompt, atlas.runnable([row["press"]]), (row["ratio"],)).values()
+    return {row["cell_id"]: {**row, "keep": keep, "error": error, "n_tokens": prompt.n_tokens}}
+
+
+SWEEP = Kind("sweep", fingerprint.versions, _sweep, engine=True)
+ANYPRESS = Kind("kvpress scorers in the engine (fairkv.runs.anypress)", fingerprint.versions, _sweep, engine=True)
+WRAPPERS = Kind("presses compressed per setting (fairkv.runs.wrappers)", wrappers.versions, _wrapped, engine=False)
+KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, engine=False)
+
+
+def kind_of(path: Path, rows: list[dict]) -> Kind:
+    """The kind of ``rows``, with the presses it needs registered (``anypress.register``, ``wrappers.register``)."""
+    if all(row.get("kind") == "atlas" for row in rows):
+        return KEEP_RATES
+    strangers = sum(not SWEEP_IDENTITY <= row.keys() for row in rows)
+    if strangers:
+        raise VerifyError(
+            f"{path}: {strangers} of {len(rows)} rows are neither a sweep's rows (no "
+            f"{', '.join(sorted(SWEEP_IDENTITY))}) nor the atlas's keep rates"
+        )
+    presses = {row["policy"] for row in rows} - {"none"}
+    scorers = {anypress.key(entry): entry.name for entry in anypress.scorers()}
+    if presses & scorers.keys():
+        anypress.register([scorers[key] for key in sorted(presses & scorers.keys())])
+        return ANYPRESS
+    wrapped = {anypress.key(e): e.name for e in atlas.runnable() if not e.paper and e.name not in scorers.values()}
+    if presses & wrapped.keys():
+        wrappers.register([wrapped[key] for key in sorted(presses & wrapped.keys())])
+        return WRAPPERS
+    return SWEEP
+
+
+def differences(stored: dict, fresh: dict) -> list[str]:
+    """The fields (other than ``IGNORED``) whose values differ, or that only one row has (NaN equals NaN; a dict's
+    order does not count)."""
+    names = (set(stored) | set(fresh)) - IGNORED
+    text = lambda row, name: json.dumps(row.get(name, "<missing>"), sort_keys=True)
+    same = lambda name: text(stored, name) == text(fresh, name)
+    return sorted(name for name in names if not same(name))
+
+
+def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stamped: str | None = None) -> Report:
+    """Recompute ``sample`` random rows of the store at ``path`` (all if fewer) and compare them field by field.
+    The rows must carry this checkout's stamp for their kind, or ``stamped`` (``restamp``'s check)."""
+    rows = list(ResultsStore(path).rows().values())
+    if not rows:
+        raise VerifyError(f"{path} holds no rows")
+    kind = kind_of(path, rows)
+    now = {name: value for name, value in kind.versions().items() if name in STAMPS}
+    expected = stamped or stamp(now)
+    foreign = sum(stamp(row.get("versions", {})) != expected for row in rows)
+    if foreign:
+        raise VerifyError(
+            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than "
+            f"{'the stamp ' + stamped if stamped else 'this checkout' + chr(39) + 's (' + expected + ')'} "
+            "(fairkv.runs.fingerprint); check out the code that computed them"
+        )
+    chosen = random.Random(seed).sample(rows, min(sample, len(rows)))
+    report = Report(str(path), len(chosen), now)
+    loaded = {}
+    bar = Bar(total=len(chosen), desc="verified", unit="row", disable=not progress)
+    with tempfile.TemporaryDirectory(prefix="fairkv-verify-") as scratch:
+        for row in chosen:
+            model = (row["model"], row["dtype"], row.get("int8", False))
+            lm = loaded.get(model) or models.load_model(row["model"], int8=model[2], dtype=getattr(torch, model[1]))
+            loaded[model] = lm
+            fresh = kind.recompute(row, lm, Path(scratch) / row["cell_id"])
+            if row["cell_id"] not in fresh:
+                raise VerifyError(
+                    f"cell {row['cell_id']}: its rebuilt grid computes cell(s) {sorted(fresh)}; this "
+                    "code cannot rebuild the row's identity"
+                )
+            changed = differences(row, fresh[row["cell_id"]])
+            if changed:
+                report.differing[row["cell_id"]] = changed
+                if kind.engine and _response_only(changed):
+                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"])
+                    if tie:
+                        report.near_ties[row["cell_id"]] = tie
+            else:
+                report.identical += 1
+            bar.update(1)
+    bar.close()
+    return report
+
+
+def restamp(path: Path, was: str, sample: int = 20, seed: int = 0, progress: bool = True) -> tuple[Report, int]:
+    """Give the rows of ``path`` stamped ``was`` this checkout's stamp, after ``verify`` recomputed ``sample`` of them
+    with this checkout's code and none differed but for near ties: for a change of code that keeps what rows hold
+    (a new fingerprint, a refactoring) without computing them again. Returns the verification and the rows
+    restamped; a defect is an error and nothing is written."""
+    report = verify(path, sample, seed, progress, stamped=was)
+    if report.defects:
+        raise VerifyError(f"{report}\n{path}: rows differ, so they keep their stamp {was}: compute them again")
+    now = report.now
+
+    def change(row: dict) -> dict | None:
+        versions = row.get("versions", {})
+        if stamp(versions) != was:
+            return None
+        return {**row, "versions": {**versions, **{name: now[name] for name in STAMPS if name in versions}}}
+
+    return report, ResultsStore(path).restamp(change)
+
+
+def _response_only(changed: list[str]) -> bool:
+    """Only the response and what is scored from it differ; the compression agrees."""
+    return "response" in changed and not any(name.startswith(COMPRESSION) for name in changed)
+
+
+@torch.inference_mode()
+def near_tie(lm, row: dict, response: str) -> str | None:
+    """Where the stored response and the recomputed ``response`` part, if their tokens there are a near tie.
+
+    The cell's cache is rebuilt as the sweep builds it (``experiment._compute``); the query and the responses' common
+    beginning run over a copy of it, and the two tokens' logits at the next position are compared in rounding steps of
+    the row's precision at the larger logit's magnitude. A response that ended first parts at an end-of-turn token.
+    """
+    grid, tokenizer = cell_grid(row), lm.tokenizer
+    templates, attacks = data.load_defense_templates(), grid.attacks()
+    record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
+    prompt = prompts.prompt_for(tokenizer, record, templates, row["order"], grid.template)
+    setting = experiment.canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
+    prefilled = engine.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
+    compressed = engine.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
+    query = prompt.query_ids({**attacks, "benign": None}[row["query"]] or record.user)
+    stored, fresh = (tokenizer(text, add_special_tokens=False).input_ids for text in (row["response"], response))
+    part = next((i for i, (a, b) in enumerate(zip(stored, fresh)) if a != b), min(len(stored), len(fresh)))
+    ids = torch.cat([query, torch.tensor([fresh[:part]], dtype=torch.long)], dim=1).to(lm.device)
+    cache = copy.deepcopy(compressed.cache)
+    positions = torch.arange(prompt.n_tokens, prompt.n_tokens + ids.shape[1], device=lm.device)[None]
+    mask = torch.ones(1, cache.get_seq_length() + ids.shape[1], dtype=torch.long, device=lm.device)
+    logits = (
+        lm.model(input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask, logits_to_keep=1)
+        .logits[0, -1]
+        .float()
+    )
+    end = max(generation.stop_token_ids(lm), key=lambda token: logits[token].item())
+    a, b = (tokens[part] if part < len(tokens) else end for tokens in (stored, fresh))
+    step = torch.finfo(getattr(torch, row["dtype"])).eps * 2.0 ** torch.floor(torch.log2(logits[[a, b]].abs().max()))
+    steps = abs(logits[a] - logits[b]).item() / step.item()
+    if steps > TIE_STEPS:
+        return None
+    return (
+        f"token {part}: {tokenizer.decode([a])!r} (stored) vs {tokenizer.decode([b])!r} (recomputed), logits "
+        f"{logits[a].item():.4g} vs {logits[b].item():.4g}, {steps:.0f} {row['dtype']} "
+        f"step{'' if round(steps) == 1 else 's'} apart"
+    )

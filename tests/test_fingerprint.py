@@ -1,0 +1,110 @@
+"""The fingerprint follows the definitions that decide rows: docstrings, error messages, formatting, moves and code no
+row reaches keep it; an edit of code a row runs changes it (``fairkv.runs.fingerprint``)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fairkv.runs import fingerprint
+
+KINDS = {
+    "sweep": fingerprint.SWEEP,
+    "atlas": fingerprint.ATLAS,
+    "anypress": fingerprint.ANYPRESS,
+    "wrappers": fingerprint.WRAPPERS,
+}
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A copy of the package that the fingerprint reads instead of the real one."""
+    copy = tmp_path / "fairkv"
+    shutil.copytree(fingerprint.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fingerprint, "PACKAGE", copy)
+    fingerprint.clear()
+    yield copy
+    monkeypatch.undo()
+    fingerprint.clear()  # the next caller hashes the real package again
+
+
+def prints() -> dict[str, str]:
+    fingerprint.clear()
+    return {kind: fingerprint.of(roots) for kind, roots in KINDS.items()}
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path.name} no longer holds {old!r}: update this test"
+    path.write_text(text.replace(old, new))
+
+
+def test_docstrings_keep_it_and_code_a_row_runs_changes_it(package):
+    before = prints()
+    selection = package / "core" / "presses" / "selection.py"
+    edit(selection, '"""Which positions to keep:', '"""Which positions (edited) to keep:')
+    assert prints() == before
+    edit(selection, "scores.topk(n_kept, dim=-1).indices", "scores.topk(n_kept, dim=-1, sorted=False).indices")
+    after = prints()
+    assert after["sweep"] != before["sweep"] and after["atlas"] != before["atlas"]
+
+
+def _data_from_datasets(match: re.Match) -> str:
+    """``from fairkv.core import data, engine`` -> ``from fairkv.core import engine`` and
+    ``from fairkv.core.datasets import data``."""
+    indent, names = match.group(1), [name.strip() for name in match.group(2).split(",")]
+    if "data" not in names:
+        return match.group(0)
+    rest = [name for name in names if name != "data"]
+    moved = f"{indent}from fairkv.core.datasets import data"
+    return (f"{indent}from fairkv.core import {', '.join(rest)}\n" if rest else "") + moved
+
+
+def test_a_pure_move_keeps_it(package):
+    """core/data.py moves into a new subpackage ``core/datasets``, every import follows: no fingerprint changes."""
+    before = prints()
+    datasets = package / "core" / "datasets"
+    datasets.mkdir()
+    (datasets / "__init__.py").write_text('"""The datasets."""\n')
+    (package / "core" / "data.py").rename(datasets / "data.py")
+    for module in package.rglob("*.py"):
+        text = re.sub(r"(?m)^( *)from fairkv.core import (.*)$", _data_from_datasets, module.read_text())
+        module.write_text(text.replace("from fairkv.core.data import", "from fairkv.core.datasets.data import"))
+    assert "from fairkv.core.datasets import data" in (package / "runs" / "experiment.py").read_text()
+    assert prints() == before
+
+
+def test_code_no_row_reaches_keeps_it(package):
+    """An edit of the atlas's patterns, of a function in the atlas's module that no row runs, or of an error's text
+    keeps every fingerprint; an edit of the keep-rate collector changes the atlas's only (the sweep never runs it)."""
+    before = prints()
+    edit(package / "report" / "press_patterns.py", "def pattern(table", "def pattern_renamed(table")
+    edit(package / "runs" / "atlas.py", "def describe(chosen: Plan, rows", "def describe(chosen, rows")
+    edit(package / "runs" / "experiment.py", 'f"unknown profile {name!r}', 'f"no profile {name!r}')
+    assert prints() == before
+    edit(
+        package / "runs" / "atlas.py",
+        "def span_rates(masks: list[torch.Tensor], spans)",
+        "def span_rates(masks: list, spans)",
+    )
+    after = prints()
+    assert after["atlas"] != before["atlas"] and after["sweep"] == before["sweep"]
+
+
+def test_neutral_modules_count_by_name(package):
+    """Editing the progress bar keeps the sweep's fingerprint; taking ``Bar`` from another module changes it."""
+    before = prints()["sweep"]
+    edit(package / "core" / "progress.py", "class Bar", "class _Unused:\n    pass\n\n\nclass Bar")
+    assert prints()["sweep"] == before
+    edit(
+        package / "runs" / "experiment.py", "from fairkv.core.progress import Bar", "from fairkv.runs.store import Bar"
+    )
+    assert prints()["sweep"] != before
+
+
+def test_an_entry_point_that_names_nothing_is_an_error():
+    with pytest.raises(fingerprint.FingerprintError, match=r"'runs/experiment.py:runs'.*defines no 'runs'"):
+        fingerprint.of(("runs/experiment.py:runs",))
