@@ -9,7 +9,7 @@ header, the last the suffix). The authors' ``ObservedAttentionFairEvictionPress`
 later instruction span's queries to the raw earlier span's keys, divides the earlier span's keys by (earlier_end - k)
 and every other key by (L - k), and leaves header and suffix keys scored by every query. Both split the budget over
 the same extended spans. This runs the same prompts (normal order, the paper's attack) with fair H2O under both
-scorings from one prefill each (``engine.prefill`` with the local scorer swapped) and prints, per ratio, the keep rate
+scorings from one prefill each (``score_once.prefill`` with the local scorer swapped) and prints, per ratio, the keep rate
 of each span, the attack refusal and the directive leakage under each, and the paired difference with its 95%
 interval over prompts (``fairkv.report.verdicts.difference``).
 """
@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from kvpress import ObservedAttentionPress
 
-from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.presses import scoring
 from fairkv.report import verdicts
 
@@ -83,11 +83,11 @@ def measure(model: str, dtype: str, n: int, ratios: tuple[float, ...], max_new_t
         prompt = prompts.paper_prompt(lm.tokenizer, record, templates, "normal")
         earlier, later = raw_spans(prompt)
         with authors_scoring(earlier, later):
-            theirs = engine.prefill(lm, prompt, ("h2o",))
-        ours = engine.prefill(lm, prompt, ("h2o",))
+            theirs = score_once.prefill(lm, prompt, ("h2o",))
+        ours = score_once.prefill(lm, prompt, ("h2o",))
         for ratio in ratios:
             cuts = {
-                scorer: engine.cut(prefilled, "h2o", ratio, "fair")
+                scorer: score_once.cut(prefilled, "h2o", ratio, "fair")
                 for scorer, prefilled in (("ours", ours), (AUTHORS, theirs))
             }
             for scorer, cut in cuts.items():

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.presses import POLICIES
 from fairkv.runs import experiment
 
@@ -73,8 +73,8 @@ def keep_rate_sweep(lm, prompt, ratios):
     pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in POLICIES for r in ratios}
     press_s = time.perf_counter() - start
     start = time.perf_counter()
-    prefilled = engine.prefill(lm, prompt, tuple(POLICIES))
-    cut = {(p, r): engine.cut(prefilled, p, r).kept for p in POLICIES for r in ratios}
+    prefilled = score_once.prefill(lm, prompt, tuple(POLICIES))
+    cut = {(p, r): score_once.cut(prefilled, p, r).kept for p in POLICIES for r in ratios}
     cut_s = time.perf_counter() - start
     identical = all(torch.equal(cut[k][layer], pressed[k][layer]) for k in pressed for layer in pressed[k])
     rates = {k: metrics.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}

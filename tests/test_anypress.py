@@ -6,23 +6,16 @@ import torch
 from kvpress import BasePress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from fairkv.core import engine, metrics, prompts
-from fairkv.core.presses import registry, scoring
+from fairkv.core import metrics, prompts, score_once
+from fairkv.core.presses import registry
 from fairkv.core.presses.scoring import ranking_scores, span_local_scores
 from fairkv.runs import anypress, atlas, experiment, fingerprint
 
 
 @pytest.fixture
-def registered():
+def registered(policies_restored):
     """The catalog's score-once presses registered for one test, the paper's policies alone again after it."""
-    saved = dict(registry.POLICIES), dict(scoring.LOCAL_SCORERS), list(fingerprint.EXTENSIONS)
-    try:
-        yield anypress.register()
-    finally:
-        registry.POLICIES.clear(), registry.POLICIES.update(saved[0])
-        scoring.LOCAL_SCORERS.clear(), scoring.LOCAL_SCORERS.update(saved[1])
-        fingerprint.EXTENSIONS[:] = saved[2]
-        fingerprint.code_fingerprint.cache_clear()
+    return anypress.register()
 
 
 def test_every_press_of_the_atlas_has_its_case_and_the_rest_a_reason():
@@ -132,15 +125,15 @@ def test_the_first_span_is_scored_as_the_prompt_cut_after_it(smollm, normal_prom
 
 
 def test_registered_presses_take_the_variants_in_the_engine(smollm, normal_prompt, registered):
-    prefilled = engine.prefill(smollm, normal_prompt, tuple(registered))
+    prefilled = score_once.prefill(smollm, normal_prompt, tuple(registered))
     n = normal_prompt.n_tokens
     for policy in registered:
-        base = metrics.keep_rates(engine.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
-        fair = metrics.keep_rates(engine.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
+        base = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
+        fair = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
         for span in normal_prompt.spans:
             assert abs(fair[span.name] - 0.5) <= 1.5 / len(span), (policy, span.name, fair)
         assert abs(base["defense"] - base["directive"]) >= abs(fair["defense"] - fair["directive"]), policy
-        kept = engine.cut(prefilled, policy, 0.5, "whitelist").kept
+        kept = score_once.cut(prefilled, policy, 0.5, "whitelist").kept
         for indices in kept.values():
             assert set(normal_prompt.protected) <= set(indices[0, 0].tolist()), policy
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from kvpress import BasePress
 
-from fairkv.core import data, engine, metrics, prompts
+from fairkv.core import data, metrics, prompts, score_once
 from fairkv.report import press_patterns
 from fairkv.runs import atlas
 from fairkv.runs.atlas import AtlasError
@@ -82,9 +82,9 @@ def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
     entries = [e for e in atlas.runnable() if e.paper]
     rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
     policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
-    prefilled = engine.prefill(smollm, normal_prompt, policies)
+    prefilled = score_once.prefill(smollm, normal_prompt, policies)
     for entry, policy in zip(entries, policies):
-        cut = engine.cut(prefilled, policy, 0.5)
+        cut = score_once.cut(prefilled, policy, 0.5)
         expected = metrics.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
         assert rates[(entry.label, 0.5)][0] == pytest.approx(expected, abs=1e-6), entry.label
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fairkv.core import engine
+from fairkv.core import score_once
 from fairkv.runs import experiment
 from fairkv.runs.experiment import GridError, Setting, canonical
 from fairkv.runs.store import ResultsStore, StoreError
@@ -42,7 +42,7 @@ def test_rerun_computes_nothing_and_returns_the_same(smollm, tmp_path, monkeypat
     grid = tiny()
     first = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     assert len(first) == 3 * 2 * 3 * 2 * 2  # prompts x policies x (base, fair 0, fair 1) x ratios x queries
-    monkeypatch.setattr(engine, "prefill", lambda *a, **k: pytest.fail("a finished cell was computed again"))
+    monkeypatch.setattr(score_once, "prefill", lambda *a, **k: pytest.fail("a finished cell was computed again"))
     second = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     assert comparable(first) == comparable(second)
     r0 = first[first["ratio"] == 0.0]

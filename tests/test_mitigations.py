@@ -10,7 +10,7 @@ from kvpress import BasePress, ScorerPress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv.core import engine, generation, prompts
+from fairkv.core import generation, prompts, score_once
 from fairkv.core.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
 from fairkv.core.presses.budget import BudgetError, apportion, fair_budgets, window_split
 from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
@@ -27,9 +27,9 @@ def kept_sets(lm, prompt, policy, ratio, variant="base", lam=1.0):
 @pytest.fixture(scope="module")
 def prefilled(smollm, normal_prompt):
     """The paper's prompt scored once for every policy: the variant matrix reads its kept sets from the engine's
-    cuts, which keep what running each press keeps (``test_engine.py::test_cut_equals_running_the_press``, at these
+    cuts, which keep what running each press keeps (``test_score_once.py::test_cut_equals_running_the_press``, at these
     variants and lambdas)."""
-    return engine.prefill(smollm, normal_prompt, tuple(POLICIES))
+    return score_once.prefill(smollm, normal_prompt, tuple(POLICIES))
 
 
 def fair_target(span, n: int, n_kept: int, reserved) -> float:
@@ -44,11 +44,11 @@ def fair_target(span, n: int, n_kept: int, reserved) -> float:
 def test_variant_matrix(prefilled, normal_prompt, policy, ratio):
     prompt = normal_prompt
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, ratio)
-    base = engine.cut(prefilled, policy, ratio).kept
+    base = score_once.cut(prefilled, policy, ratio).kept
     protected = torch.tensor(prompt.protected)
     reserved = reserved_positions(make_press(policy, ratio), n)
     for variant, lam in VARIANTS:
-        kept = engine.cut(prefilled, policy, ratio, variant, lam).kept
+        kept = score_once.cut(prefilled, policy, ratio, variant, lam).kept
         for layer, indices in kept.items():
             assert indices.shape[-1] == n_kept, (variant, lam, layer)
             for h, head in enumerate(indices[0]):
@@ -133,7 +133,7 @@ def test_variant_caches_answer_as_the_engine_cuts(smollm, normal_prompt, attack,
     """The press path's cache (keys and values, not only the kept indices) answers token for token as the engine's
     cut of the same variant; SnapKV: a scorer that reads other tokens' queries, so fair eviction scores span-locally."""
     pressed = generation.compress(smollm, normal_prompt, "snapkv", 0.5, variant)
-    cut = engine.cut(engine.prefill(smollm, normal_prompt, ("snapkv",)), "snapkv", 0.5, variant)
+    cut = score_once.cut(score_once.prefill(smollm, normal_prompt, ("snapkv",)), "snapkv", 0.5, variant)
     query = normal_prompt.query_ids(attack)
     from_press, from_cut = (generation.answer(smollm, c, query, 16) for c in (pressed, cut))
     assert from_press.n_tokens == 16 or from_press.token_ids[-1] == smollm.tokenizer.eos_token_id

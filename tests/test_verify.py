@@ -4,11 +4,13 @@ that differs is named with the fields that differ."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from sweeps import GRID, complete_lines
 
 from fairkv import cli
+from fairkv.core.presses import registry
 from fairkv.runs import experiment, fingerprint, verify
 from fairkv.runs.store import ResultsStore
 
@@ -144,3 +146,16 @@ def test_restamp_refuses_rows_that_differ_and_writes_nothing(stored):
     ):
         cli.main(["restamp", str(stored), "--was", "0123456789ab", "--sample", "100"])
     assert stored.read_bytes() == before
+
+
+def test_each_kind_of_store_is_recomputed_its_own_way(policies_restored):
+    """Keep rates by the atlas's collector, a registered kvpress scorer's rows through the engine, a wrapper's rows
+    through ``wrappers.attack``, the paper's policies' rows through the sweep."""
+    sweep = {name: 0 for name in verify.SWEEP_IDENTITY}
+    assert verify.kind_of(Path("s"), [{**sweep, "policy": "snapkv"}, {**sweep, "policy": "none"}]) is verify.SWEEP
+    assert verify.kind_of(Path("k"), [{"kind": "atlas", "press": "SnapKV"}]) is verify.KEEP_RATES
+    assert verify.kind_of(Path("a"), [{**sweep, "policy": "keydiff"}]) is verify.ANYPRESS
+    assert "keydiff" in registry.POLICIES
+    assert verify.kind_of(Path("w"), [{**sweep, "policy": "adakv(snapkv)"}]) is verify.WRAPPERS
+    with pytest.raises(verify.VerifyError, match="1 of 2 rows are neither"):
+        verify.kind_of(Path("x"), [{**sweep, "policy": "snapkv"}, {"cell_id": "judged"}])

@@ -8,7 +8,7 @@ from kvpress import BasePress
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv.core import data, engine, generation, prompts
+from fairkv.core import data, generation, prompts, score_once
 from fairkv.core.presses import registry
 from fairkv.core.presses.budget import fair_budgets
 from fairkv.runs import atlas, experiment, fingerprint, wrappers
@@ -37,8 +37,8 @@ def _masked(cache: DynamicCache, kept: dict) -> DynamicCache:
 def test_a_head_masked_cache_decodes_as_the_gathered_one(smollm, normal_prompt, attack):
     """SnapKV's cut, gathered (the engine's cache) and head-masked (every position, evicted keys NaN): the same
     greedy answer and, at its first token, the same logits."""
-    prefilled = engine.prefill(smollm, normal_prompt, ("snapkv",))
-    gathered = engine.cut(prefilled, "snapkv", 0.5)
+    prefilled = score_once.prefill(smollm, normal_prompt, ("snapkv",))
+    gathered = score_once.cut(prefilled, "snapkv", 0.5)
     masked = generation.Compressed(
         _masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0, "snapkv", 0.5
     )
@@ -175,7 +175,7 @@ def test_attack_rows_resume_carry_their_fingerprint_and_the_engine_refuses(smoll
     record = data.load_records(grid.dataset)[0]
     prompt = prompts.paper_prompt(smollm.tokenizer, record, data.load_defense_templates(), "normal")
     with pytest.raises(atlas.AtlasError, match="cannot go through the score-once engine"):
-        engine.prefill(smollm, prompt, (keys[0],))
+        score_once.prefill(smollm, prompt, (keys[0],))
     with pytest.raises(atlas.AtlasError, match="score-once engine takes"):
         wrappers.register(["KeyDiff"])
     with pytest.raises(atlas.AtlasError, match="attack queries only"):

@@ -6,7 +6,7 @@ secret, ``reply=TEXT`` the reply the prompt scripts) or split automatically (by 
 by their first words, and shown to the user for confirmation. The defense span is the one named ``defense``, else the
 last span that talks about not revealing or disclosing; its text is what the whitelist protects (Section 5.1).
 
-Running (``cells``): one prefill scores every audited policy (``engine.prefill``; default all five); every (policy,
+Running (``cells``): one prefill scores every audited policy (``score_once.prefill``; default all five); every (policy,
 variant, ratio) is cut from it: the base policy, the whitelist and fair eviction (Section 5.2); the attacks
 (RaccoonBench's: the paper's and one per category, and/or the user's own, ``read_lines_or_jsonl``) and the benign
 queries are answered on every cache, greedily, in one running batch. An attack response leaks when the whole prompt's

@@ -10,7 +10,7 @@ import pandas as pd
 
 from fairkv.audit.report import Audit
 from fairkv.audit.spans import AuditError, Spec, gives_reply, secret_pattern, span_leakage
-from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.data import Record
 from fairkv.core.presses import MITIGATIONS, check_ratio, get_policy
 from fairkv.core.presses.selection import WhitelistError
@@ -107,17 +107,17 @@ def run(
     if "whitelist" in variants and not defense_text:
         notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
         variants = tuple(v for v in variants if v != "whitelist")
-    prefilled = engine.prefill(lm, prompt, policies)
+    prefilled = score_once.prefill(lm, prompt, policies)
     caches, skipped = [], []
     if 0.0 in ratios:  # r = 0 keeps everything: one cache for every policy and variant
-        uncompressed = engine.cut(prefilled, None, 0.0, "base")
+        uncompressed = score_once.cut(prefilled, None, 0.0, "base")
         keep = metrics.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
         caches.append(("none", "base", 0.0, uncompressed, {f"keep_{k}": v for k, v in keep.items()}))
     for policy in policies:
         for variant in variants:
             for ratio in (r for r in ratios if r > 0):
                 try:
-                    compressed = engine.cut(prefilled, policy, ratio, variant)
+                    compressed = score_once.cut(prefilled, policy, ratio, variant)
                 except WhitelistError as error:
                     notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
                     skipped.append(

@@ -1,4 +1,4 @@
-"""One system prompt through policies and ratios: one prefill scores every policy (``engine``), each cell is cut from
+"""One system prompt through policies and ratios: one prefill scores every policy (``score_once``), each cell is cut from
 it, then every cell's benign and attack query are answered together in one running batch
 (``generation.answer_batch``, as the experiment engine decodes).
 
@@ -18,7 +18,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from fairkv.core import engine, metrics
+from fairkv.core import metrics, score_once
 from fairkv.core.data import Record
 from fairkv.core.generation import Answer, Compressed, answer_batch
 from fairkv.core.models import LoadedModel
@@ -109,13 +109,13 @@ def evaluate_prompt(
     ratios = sorted({check_ratio(r) for r in ratios})
     for policy in policies:
         get_policy(policy)
-    prefilled = engine.prefill(lm, prompt, tuple(policies))  # scores every policy once (score once, cut many)
+    prefilled = score_once.prefill(lm, prompt, tuple(policies))  # scores every policy once (score once, cut many)
     cells = [(None, 0.0)] if 0.0 in ratios else []  # r = 0: one cell shared by every policy
     cells += [(policy, ratio) for policy in policies for ratio in ratios if ratio > 0]
     bar = Bar(total=len(cells), desc="cells", disable=not progress)
     compressed = {}
     for policy, ratio in cells:
-        compressed[(policy, ratio)] = engine.cut(prefilled, policy, ratio)
+        compressed[(policy, ratio)] = score_once.cut(prefilled, policy, ratio)
         bar.update()
     bar.close()
     queries = (prompt.query_ids(record.user), prompt.query_ids(attack))

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from fairkv.core.evaluate import Evaluation
 from fairkv.core.metrics import LEAK_THRESHOLD
+from fairkv.core.one_prompt import Evaluation
 from fairkv.core.paths import figures_dir
 from fairkv.core.presses import get_policy
 from fairkv.runs import runtime

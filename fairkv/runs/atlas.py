@@ -7,7 +7,7 @@ or no eviction of tokens at all. Wrappers (AdaKV, CriticalKV, PyramidKV's layer 
 SnapKV with the paper's settings (``presses.registry``), so their rows read as "what the wrapper changes in SnapKV".
 
 Keep rates come from one prefill per prompt (``keep_rates``): kvpress compresses a layer's cache in a hook after that
-layer's attention, so the hook's inputs never depend on the press (``fairkv.core.engine``), and the collector calls every
+layer's attention, so the hook's inputs never depend on the press (``fairkv.core.score_once``), and the collector calls every
 press's own ``compress`` at every ratio on them. Which positions a press kept is read from what it returns (the kept
 keys are gathered copies of prefix keys: ``kept_mask`` finds them) or, for AdaKV-style presses that keep the cache
 and mask instead, from the indices it masks. No press is re-implemented: kvpress decides every kept set.

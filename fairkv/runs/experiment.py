@@ -6,8 +6,8 @@ int8, prompt, setting, query, max_new_tokens, metrics version), so a cell reques
 is computed once. Settings are canonical: r = 0 is one cell ("none") shared by every policy and variant, fair with
 lam = 0 is the base selection, and lam only matters for fair variants.
 
-Per prompt and order: one prefill scores every policy (``engine.prefill``); each missing setting is cut from it
-(``engine.cut``). Prompts go in groups that fill a few decode batches; the group's missing (cache, query) pairs decode
+Per prompt and order: one prefill scores every policy (``score_once.prefill``); each missing setting is cut from it
+(``score_once.cut``). Prompts go in groups that fill a few decode batches; the group's missing (cache, query) pairs decode
 in one running batch (``generation.answer_batch``) and its rows are appended together, so a killed run loses at most
 the group in progress and recomputes nothing finished.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fairkv.core import data, engine, generation, metrics, models, prompts
+from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.paths import results_dir
 from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.core.presses.selection import check_lam
@@ -340,9 +340,10 @@ def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions:
         progress_note(f"prefilling prompt {number} of {len(work)} in this task")
         prompt = prompts.prompt_for(lm.tokenizer, record, templates, order, grid.template)
         policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
-        prefilled = engine.prefill(lm, prompt, policies)
+        prefilled = score_once.prefill(lm, prompt, policies)
         cuts = {
-            s: engine.cut(prefilled, s.policy, s.ratio, s.variant, s.lam) for s in dict.fromkeys(s for s, _ in missing)
+            s: score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam)
+            for s in dict.fromkeys(s for s, _ in missing)
         }
         items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
     rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]

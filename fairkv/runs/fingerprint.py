@@ -43,10 +43,8 @@ PACKAGE = Path(__file__).resolve().parents[1]
 SWEEP = ("runs/experiment.py:run",)  # the paper's sweep rows: every study's, verify's and the CLI's
 ATLAS = ("runs/atlas.py:run",)  # the press atlas's keep rates
 ANYPRESS = ("runs/anypress.py:register",)  # kvpress scorers added to the score-once engine (the atlas's attack rows)
-WRAPPERS = (
-    "runs/wrappers.py:attack",
-    "runs/wrappers.py:register",
-)  # presses compressed per setting (kvpress's wrappers)
+# presses compressed per setting (kvpress's wrappers: AdaKV, CriticalKV, Block...), notebook 12's attack rows
+WRAPPERS = ("runs/wrappers.py:attack", "runs/wrappers.py:register")
 NEUTRAL = ("core/paths.py", "core/progress.py", "runs/store.py", "runs/executors.py", "runs/fingerprint.py")
 
 

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from fairkv.core import data, engine, generation, models, prompts
+from fairkv.core import data, generation, models, prompts, score_once
 from fairkv.core.progress import Bar
 from fairkv.runs import anypress, atlas, experiment, fingerprint, wrappers
 from fairkv.runs.store import ResultsStore
@@ -253,8 +253,8 @@ def near_tie(lm, row: dict, response: str) -> str | None:
     record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
     prompt = prompts.prompt_for(tokenizer, record, templates, row["order"], grid.template)
     setting = experiment.canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
-    prefilled = engine.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
-    compressed = engine.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
+    prefilled = score_once.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
+    compressed = score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
     query = prompt.query_ids({**attacks, "benign": None}[row["query"]] or record.user)
     stored, fresh = (tokenizer(text, add_special_tokens=False).input_ids for text in (row["response"], response))
     part = next((i for i, (a, b) in enumerate(zip(stored, fresh)) if a != b), min(len(stored), len(fresh)))

@@ -3,7 +3,7 @@ paper).
 
 After LagKV, the most biased presses of the atlas (notebook 12) are kvpress's wrappers around SnapKV: CriticalKV,
 Block64, AdaKV and CriticalAdaKV. The engine scores a press once and cuts the top-k of those scores at every ratio
-(``fairkv.core.engine``); these presses do not work that way: AdaKV and CriticalAdaKV keep a different number of tokens in
+(``fairkv.core.score_once``); these presses do not work that way: AdaKV and CriticalAdaKV keep a different number of tokens in
 each KV head (one top-k over heads x tokens), CriticalKV's two-stage score reads the ratio, Block scores the prefix
 block by block, LeverageScore and Compactor draw a sketch at every call. Here each press is run by its own kvpress
 ``compress`` at each (variant, ratio) on the one uncompressed prefill of a prompt (``atlas.press_mask``; no press is
