@@ -25,6 +25,7 @@ import copy
 import json
 import random
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -112,7 +113,7 @@ class Kind:
     name: str
     versions: Callable[[], dict]
     recompute: Callable[[dict, models.LoadedModel, Path], dict]
-    engine: bool  # decoded from the score-once engine's cache (``near_tie`` can explain a parted response)
+    cache: Callable | None  # (lm, prompt, setting) -> (the cell's cache, the context it decodes in); None: no decoding
 
 
 def _sweep(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
@@ -134,10 +135,20 @@ def _keep_rates(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
     return {row["cell_id"]: {**row, "keep": keep, "error": error, "n_tokens": prompt.n_tokens}}
 
 
-SWEEP = Kind("sweep", fingerprint.versions, _sweep, engine=True)
-ANYPRESS = Kind("kvpress scorers in the engine (fairkv.runs.anypress)", fingerprint.versions, _sweep, engine=True)
-WRAPPERS = Kind("presses compressed per setting (fairkv.runs.wrappers)", wrappers.versions, _wrapped, engine=False)
-KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, engine=False)
+def _engine_cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
+    prefilled = score_once.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
+    return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), nullcontext()
+
+
+def _wrapped_cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
+    compressed, _ = wrappers.compressed(lm, prompt, [setting])
+    return compressed[setting], wrappers.head_masking(lm.model)
+
+
+SWEEP = Kind("sweep", fingerprint.versions, _sweep, _engine_cache)
+ANYPRESS = Kind("kvpress scorers in the engine (fairkv.runs.anypress)", fingerprint.versions, _sweep, _engine_cache)
+WRAPPERS = Kind("presses compressed per setting (fairkv.runs.wrappers)", wrappers.versions, _wrapped, _wrapped_cache)
+KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, None)
 
 
 def kind_of(path: Path, rows: list[dict]) -> Kind:
@@ -205,8 +216,8 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
             changed = differences(row, fresh[row["cell_id"]])
             if changed:
                 report.differing[row["cell_id"]] = changed
-                if kind.engine and _response_only(changed):
-                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"])
+                if kind.cache and _response_only(changed):
+                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"], kind.cache)
                     if tie:
                         report.near_ties[row["cell_id"]] = tie
             else:
@@ -241,10 +252,11 @@ def _response_only(changed: list[str]) -> bool:
 
 
 @torch.inference_mode()
-def near_tie(lm, row: dict, response: str) -> str | None:
+def near_tie(lm, row: dict, response: str, cache=_engine_cache) -> str | None:
     """Where the stored response and the recomputed ``response`` part, if their tokens there are a near tie.
 
-    The cell's cache is rebuilt as the sweep builds it (``experiment._compute``); the query and the responses' common
+    The cell's cache is rebuilt as its rows were built (``cache``: the engine's, or ``wrappers.compressed`` decoded
+    with masked heads); the query and the responses' common
     beginning run over a copy of it, and the two tokens' logits at the next position are compared in rounding steps of
     the row's precision at the larger logit's magnitude. A response that ended first parts at an end-of-turn token.
     """
@@ -253,20 +265,19 @@ def near_tie(lm, row: dict, response: str) -> str | None:
     record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
     prompt = prompts.prompt_for(tokenizer, record, templates, row["order"], grid.template)
     setting = experiment.canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
-    prefilled = score_once.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
-    compressed = score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
+    compressed, decoding = cache(lm, prompt, setting)
     query = prompt.query_ids({**attacks, "benign": None}[row["query"]] or record.user)
     stored, fresh = (tokenizer(text, add_special_tokens=False).input_ids for text in (row["response"], response))
     part = next((i for i, (a, b) in enumerate(zip(stored, fresh)) if a != b), min(len(stored), len(fresh)))
     ids = torch.cat([query, torch.tensor([fresh[:part]], dtype=torch.long)], dim=1).to(lm.device)
-    cache = copy.deepcopy(compressed.cache)
+    copied = copy.deepcopy(compressed.cache)
     positions = torch.arange(prompt.n_tokens, prompt.n_tokens + ids.shape[1], device=lm.device)[None]
-    mask = torch.ones(1, cache.get_seq_length() + ids.shape[1], dtype=torch.long, device=lm.device)
-    logits = (
-        lm.model(input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask, logits_to_keep=1)
-        .logits[0, -1]
-        .float()
-    )
+    mask = torch.ones(1, copied.get_seq_length() + ids.shape[1], dtype=torch.long, device=lm.device)
+    with decoding:
+        output = lm.model(
+            input_ids=ids, past_key_values=copied, position_ids=positions, attention_mask=mask, logits_to_keep=1
+        )
+    logits = output.logits[0, -1].float()
     end = max(generation.stop_token_ids(lm), key=lambda token: logits[token].item())
     a, b = (tokens[part] if part < len(tokens) else end for tokens in (stored, fresh))
     step = torch.finfo(getattr(torch, row["dtype"])).eps * 2.0 ** torch.floor(torch.log2(logits[[a, b]].abs().max()))
