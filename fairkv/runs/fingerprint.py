@@ -91,7 +91,8 @@ class _Module:
 
     path: str  # relative to the package, e.g. "presses/selection.py"
     statements: list[ast.stmt]
-    binders: dict[str, list[int]] = field(default_factory=dict)  # name -> indices of statements that bind it
+    # name -> indices of the statements that bind it (imports bind names too, but live in ``internal`` / ``external``)
+    binders: dict[str, list[int]] = field(default_factory=dict)
     internal: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # name -> (module path, attribute)
     external: dict[str, str] = field(default_factory=dict)  # name -> its import, as text
 
@@ -108,11 +109,13 @@ def _module_path(dotted: list[str]) -> str | None:
     return None
 
 
-def _parse(path: str) -> _Module:
+@lru_cache(maxsize=None)
+def _module(path: str) -> _Module:
+    """The module at ``path`` (package-relative), parsed once."""
     tree = _without_docstrings(ast.parse((PACKAGE / path).read_text()))
     module = _Module(path, tree.body)
     for index, statement in enumerate(tree.body):
-        for name in _bound(statement):
+        for name in _bound(statement) if not _is_import(statement) else ():
             module.binders.setdefault(name, []).append(index)
         for node in ast.walk(statement):
             if isinstance(node, ast.ImportFrom):
@@ -139,11 +142,6 @@ def _parse(path: str) -> _Module:
                         text = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
                         module.external[(alias.asname or alias.name).split(".")[0]] = text
     return module
-
-
-@lru_cache(maxsize=None)
-def _module(path: str) -> _Module:
-    return _parse(path)
 
 
 def _is_import(statement: ast.stmt) -> bool:
@@ -223,10 +221,9 @@ class _Walk:
                 self.statement(path, index)
 
     def local(self, module: _Module, name: str) -> None:
-        if name in module.binders and any(not _is_import(module.statements[i]) for i in module.binders[name]):
+        if name in module.binders:
             for index in module.binders[name]:
-                if not _is_import(module.statements[index]):
-                    self.statement(module.path, index)
+                self.statement(module.path, index)
         elif name in module.internal:
             path, attribute = module.internal[name]
             if attribute is not None and path:
@@ -240,7 +237,7 @@ class _Walk:
             self.texts.add(f"{Path(path).stem}.{attribute}")
             return
         module = _module(path)
-        if attribute not in module.binders and attribute not in module.internal:
+        if not {attribute} & (module.binders.keys() | module.internal.keys() | module.external.keys()):
             submodule = _module_path([*module.package, attribute])
             if submodule is None:
                 raise FingerprintError(f"fairkv/{path} defines no {attribute!r}")

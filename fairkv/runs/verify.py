@@ -193,9 +193,9 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
     expected = stamped or stamp(now)
     foreign = sum(stamp(row.get("versions", {})) != expected for row in rows)
     if foreign:
+        code = f"the stamp {stamped}" if stamped else f"this checkout's ({expected})"
         raise VerifyError(
-            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than "
-            f"{'the stamp ' + stamped if stamped else 'this checkout' + chr(39) + 's (' + expected + ')'} "
+            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than {code} "
             "(fairkv.runs.fingerprint); check out the code that computed them"
         )
     chosen = random.Random(seed).sample(rows, min(sample, len(rows)))
