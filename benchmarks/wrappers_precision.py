@@ -1,4 +1,5 @@
-"""The precision of ``fairkv.runs.wrappers``' attack rows: float32 against bfloat16, time and fidelity (issue 20, item 2).
+"""The precision of the per-setting presses' attack rows (``fairkv.core.per_setting``): float32 against bfloat16, time and
+fidelity (issue 20, item 2).
 
     .venv/bin/python benchmarks/wrappers_precision.py --prompts 4
 
@@ -21,18 +22,19 @@ import pandas as pd
 import torch
 
 from fairkv.core import models
-from fairkv.runs import atlas, wrappers
+from fairkv.core.presses.registry import runnable
+from fairkv.runs import atlas, experiment
 
 # notebook 12's wrapped presses at the cpu profile (reports/cpu/12_press_atlas.ipynb)
 PRESSES = ["CriticalKV(SnapKV)", "Block64(SnapKV)", "AdaKV(SnapKV)", "CriticalAdaKV(SnapKV)"]
 
 
 def rows_in(dtype: str, prompts: int) -> pd.DataFrame:
-    grid = atlas.attack_grid("cpu", wrappers.register(PRESSES), n_prompts=prompts, dtype=dtype)
+    grid = atlas.attack_grid("cpu", [e.key for e in runnable(PRESSES)], n_prompts=prompts, dtype=dtype)
     lm = models.load_model(grid.model, dtype=getattr(torch, dtype))
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        rows = wrappers.attack(grid, folder, progress=False, lm=lm)
+        rows = experiment.run(grid, folder, progress=False, lm=lm)
         wall = time.perf_counter() - start
     prefill = rows.drop_duplicates("key")["prefill_s"].mean()
     print(

@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from fairkv.core import data, models, progress, prompts
-from fairkv.core.presses import registry, scoring
-from fairkv.runs import fingerprint
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 QWEN = "qwen2.5-coder-1.5b"  # the cpu profile's model
@@ -74,20 +72,6 @@ def normal_prompt(smollm, records, templates) -> prompts.Prompt:
 # `make test-fast` runs what is neither `model` nor `slow`.
 MODEL_FIXTURES = {"smollm", "qwen", "qwen_judge", "hf_folder", "reference", "serial_rows", "report"}
 DATA_FIXTURES = {"records", "templates", "attack", "normal_prompt"}
-
-
-@pytest.fixture
-def policies_restored():
-    """Presses registered at run time (``anypress.register``, ``wrappers.register``) for one test only: the paper's
-    policies, local scorers and fingerprint alone again after it."""
-    saved = dict(registry.POLICIES), dict(scoring.LOCAL_SCORERS), list(fingerprint.EXTENSIONS)
-    try:
-        yield
-    finally:
-        registry.POLICIES.clear(), registry.POLICIES.update(saved[0])
-        scoring.LOCAL_SCORERS.clear(), scoring.LOCAL_SCORERS.update(saved[1])
-        fingerprint.EXTENSIONS[:] = saved[2]
-        fingerprint.code_fingerprint.cache_clear()
 
 
 def pytest_configure(config):

@@ -7,42 +7,44 @@ import torch
 from kvpress import BasePress
 
 from fairkv.core import data, metrics, prompts, score_once
+from fairkv.core.presses import kept, registry
 from fairkv.report import press_patterns
 from fairkv.runs import atlas
 from fairkv.runs.atlas import AtlasError
+from fairkv.runs.store import StoreError
 
 
 def test_catalog_names_every_kvpress_press_with_how_or_why_not():
-    assert set(atlas.CATALOG) == set(atlas.kvpress_presses())
-    for entry in atlas.CATALOG.values():
+    assert set(registry.CATALOG) == set(registry.kvpress_presses())
+    for entry in registry.CATALOG.values():
         assert (entry.build is None) == bool(entry.reason), entry.name
         if entry.build is not None:
             assert entry.scoring in ("independent", "cross-token", "wrapper of SnapKV"), entry.name
-    assert len(atlas.runnable()) >= 20
-    assert {e.label for e in atlas.runnable() if e.paper} == {"StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"}
-    assert set(atlas.skipped()["press"]) == {n for n, e in atlas.CATALOG.items() if e.build is None}
+    assert len(registry.runnable()) >= 20
+    assert {e.label for e in registry.runnable() if e.paper} == {"StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"}
+    assert set(atlas.skipped()["press"]) == {n for n, e in registry.CATALOG.items() if e.build is None}
 
 
 def test_runnable_names_the_reason_for_a_press_it_cannot_run():
-    assert [e.label for e in atlas.runnable(["KeyDiffPress", "SnapKV"])] == ["KeyDiff", "SnapKV"]
-    with pytest.raises(AtlasError, match="Hugging Face hub"):
-        atlas.runnable(["QFilterPress"])
-    with pytest.raises(AtlasError, match="unknown press 'Nope'"):
-        atlas.runnable(["Nope"])
+    assert [e.label for e in registry.runnable(["KeyDiffPress", "SnapKV"])] == ["KeyDiff", "SnapKV"]
+    with pytest.raises(registry.PolicyError, match="Hugging Face hub"):
+        registry.runnable(["QFilterPress"])
+    with pytest.raises(registry.PolicyError, match="unknown press 'Nope'"):
+        registry.runnable(["Nope"])
 
 
 def test_kept_mask_reads_gathered_keys_and_masked_indices():
     keys = torch.randn(1, 2, 6, 4)
-    kept = torch.tensor([[[0, 3, 5], [1, 2, 4]]])
-    gathered = keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, 4))
-    mask = atlas.kept_mask(keys, gathered)
+    positions = torch.tensor([[[0, 3, 5], [1, 2, 4]]])
+    gathered = keys.gather(2, positions.unsqueeze(-1).expand(-1, -1, -1, 4))
+    mask = kept.kept_mask(keys, gathered)
     assert mask.tolist() == [[[True, False, False, True, False, True], [False, True, True, False, True, False]]]
-    assert atlas.kept_mask(keys.bfloat16(), gathered.bfloat16()).equal(mask)
+    assert kept.kept_mask(keys.bfloat16(), gathered.bfloat16()).equal(mask)
     masked = (torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([2, 5]))
-    assert atlas.kept_mask(keys, keys, masked)[0, :, 2].tolist() == [False, True]
-    assert atlas.kept_mask(keys, keys).all()
-    with pytest.raises(AtlasError, match="not copies"):
-        atlas.kept_mask(keys, gathered + 1e-3)
+    assert kept.kept_mask(keys, keys, masked)[0, :, 2].tolist() == [False, True]
+    assert kept.kept_mask(keys, keys).all()
+    with pytest.raises(registry.PolicyError, match="not copies"):
+        kept.kept_mask(keys, gathered + 1e-3)
 
 
 class _Alone(BasePress):
@@ -56,14 +58,14 @@ class _Alone(BasePress):
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         weights = attentions if self.entry.attentions else None
-        self.masks.append(atlas.press_mask(self.press, module, hidden_states, keys, values, weights, kwargs))
+        self.masks.append(kept.press_mask(self.press, module, hidden_states, keys, values, weights, kwargs))
         return keys, values
 
 
 @torch.inference_mode()
 def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_prompt):
     ratios = (0.3, 0.7)
-    entries = atlas.runnable()
+    entries = registry.runnable()
     together = atlas.keep_rates(smollm, normal_prompt, entries, ratios)
     for entry in entries:
         for ratio in ratios:
@@ -79,7 +81,7 @@ def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_pr
 
 
 def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
-    entries = [e for e in atlas.runnable() if e.paper]
+    entries = [e for e in registry.runnable() if e.paper]
     rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
     policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
     prefilled = score_once.prefill(smollm, normal_prompt, policies)
@@ -98,7 +100,7 @@ def test_run_stores_rows_resumes_and_refuses_other_code(smollm, tmp_path, monkey
     again = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
     assert again["keep"].tolist() == rows["keep"].tolist()
     monkeypatch.setattr(atlas, "versions", lambda: {"atlas": "other"})
-    with pytest.raises(AtlasError, match="other code or versions"):
+    with pytest.raises(StoreError, match="different versions or code"):
         atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
 
 
@@ -196,7 +198,7 @@ def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, reco
     keeps the other presses' rates and names the error, and the bias leaves that prompt out."""
     prompt = prompts.paper_prompt(smollm.tokenizer, data.get_record(records, 3362), templates, "normal")
     assert prompt.n_tokens % 64 <= 16  # a last chunk shorter than SnapKV's 16-token window
-    rates = atlas.keep_rates(smollm, prompt, atlas.runnable(["Chunk64(SnapKV)", "KeyDiff"]), (0.5,))
+    rates = atlas.keep_rates(smollm, prompt, registry.runnable(["Chunk64(SnapKV)", "KeyDiff"]), (0.5,))
     assert rates[("KeyDiff", 0.5)][1] is None
     keep, error = rates[("Chunk64(SnapKV)", 0.5)]
     assert error.startswith("AssertionError") and all(v != v for v in keep.values())

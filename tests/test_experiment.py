@@ -52,7 +52,7 @@ def test_rerun_computes_nothing_and_returns_the_same(smollm, tmp_path, monkeypat
 def test_crash_and_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypatch):
     grid = tiny(batch_size=5)  # one prompt per group: the crash hits the second group
     reference = experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)
-    compute, calls = experiment._compute, []
+    compute, calls = experiment.Job.compute, []
 
     def crash_on_second_group(*args, **kwargs):
         calls.append(1)
@@ -60,14 +60,14 @@ def test_crash_and_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypa
             raise KeyboardInterrupt("killed")
         return compute(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "_compute", crash_on_second_group)
+    monkeypatch.setattr(experiment.Job, "compute", crash_on_second_group)
     with pytest.raises(KeyboardInterrupt):
         experiment.run(grid, tmp_path / "crashed", progress=False, lm=smollm)
     store = experiment.store_for(grid, tmp_path / "crashed")
     with open(store.path, "ab") as handle:  # a writer killed mid-line leaves half a row behind
         handle.write(b'{"cell_id": "half-written", "respo')
     assert "half-written" not in store.rows()
-    monkeypatch.setattr(experiment, "_compute", compute)
+    monkeypatch.setattr(experiment.Job, "compute", compute)
     resumed = experiment.run(grid, tmp_path / "crashed", progress=False, lm=smollm)
     assert comparable(resumed) == comparable(reference)
     lines = store.path.read_text().splitlines()

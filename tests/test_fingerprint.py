@@ -11,12 +11,7 @@ import pytest
 
 from fairkv.runs import fingerprint
 
-KINDS = {
-    "sweep": fingerprint.SWEEP,
-    "atlas": fingerprint.ATLAS,
-    "anypress": fingerprint.ANYPRESS,
-    "wrappers": fingerprint.WRAPPERS,
-}
+KINDS = {"sweep": fingerprint.SWEEP, "atlas": fingerprint.ATLAS}
 
 
 @pytest.fixture
@@ -95,12 +90,16 @@ def test_code_no_row_reaches_keeps_it(package):
 
 
 def test_neutral_modules_count_by_name(package):
-    """Editing the progress bar keeps the sweep's fingerprint; taking ``Bar`` from another module changes it."""
+    """Editing the progress reports or the runner's store loop keeps the sweep's fingerprint; taking ``note`` from
+    another module changes it."""
     before = prints()["sweep"]
     edit(package / "core" / "progress.py", "class Bar", "class _Unused:\n    pass\n\n\nclass Bar")
+    edit(package / "runs" / "runner.py", "bar.close()", "bar.update(0)\n            bar.close()")
     assert prints()["sweep"] == before
     edit(
-        package / "runs" / "experiment.py", "from fairkv.core.progress import Bar", "from fairkv.runs.store import Bar"
+        package / "runs" / "experiment.py",
+        "from fairkv.core.progress import note as progress_note",
+        "from fairkv.runs.store import note as progress_note",
     )
     assert prints()["sweep"] != before
 

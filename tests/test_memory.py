@@ -17,7 +17,7 @@ def job(**fields) -> experiment.Job:
     grid = experiment.Grid(
         **{"n_prompts": 1, "policies": ("streamingllm",), "ratios": (0.0, 0.5), "queries": ("keep",), **fields}
     )
-    return experiment.Job(grid, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
+    return experiment.Job(grid, (), None, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
 
 
 @pytest.fixture()

@@ -42,7 +42,7 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
         4,
         4,
     )
-    assert experiment.Job(grid, {}, {}, {}).load().model.dtype == torch.bfloat16
+    assert experiment.Job(grid, (), None, {}, {}, {}).load().model.dtype == torch.bfloat16
     rows = list(experiment.store_for(grid, tmp_path / "results" / "paper").rows().values())  # the profile's folder
     # 2 prompts x 2 orders x (r = 0, and 5 policies at r = 0.5) x (benign, attack)
     assert len(rows) == 2 * 2 * 6 * 2

@@ -8,6 +8,11 @@ KV head into the query-length axis instead, so the matmuls read the cache in pla
 attention (scaled matmul, additive mask, float32 softmax, matmul) on a reshaped query. ``decoding`` switches a model
 to it for the duration of a decode and back (registered as ``DECODE_ATTENTION``, with eager's mask).
 
+``head_masked_attention`` (``HEAD_MASKED``) is ``grouped_attention`` over a cache whose evicted keys differ per KV
+head: as kvpress does for AdaKV (``masked_key_indices``), such a cache keeps every position and marks the evicted keys
+NaN, a mark that travels with the cache through a running decode batch, and they receive weight zero
+(``fairkv.core.per_setting``). ``implementation`` is the one place a model's attention kernel is swapped for a block.
+
 Measured on this machine (``benchmarks/sweep_throughput.py``, ``benchmarks/results/``): see the README.
 """
 
@@ -47,15 +52,43 @@ AttentionInterface.register(DECODE_ATTENTION, grouped_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, eager_mask)
 
 
+HEAD_MASKED = "fairkv_head_masked"
+
+
+def head_masked_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """``grouped_attention`` where keys marked NaN (evicted in that KV head) get weight zero: the attention mask
+    (batch, 1, q, L) becomes (batch, kv_heads, q, L), the dtype's minimum at the marked positions."""
+    evicted = key.isnan().any(-1)  # (batch, kv_heads, L)
+    if evicted.any():
+        batch, kv_heads, length = evicted.shape
+        key = key.masked_fill(evicted.unsqueeze(-1), 0.0)
+        if attention_mask is None:
+            attention_mask = query.new_zeros(batch, 1, query.shape[2], length)
+        attention_mask = attention_mask[..., :length].expand(batch, kv_heads, -1, length)
+        attention_mask = attention_mask.masked_fill(evicted.unsqueeze(2), torch.finfo(attention_mask.dtype).min)
+    return grouped_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+AttentionInterface.register(HEAD_MASKED, head_masked_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(HEAD_MASKED, eager_mask)
+
+
 @contextmanager
-def decoding(model):
-    """Run ``model`` with ``grouped_attention`` inside the block when it uses eager attention (other kernels, e.g.
-    SDPA or flash attention on a GPU, already read the cache in place and are left as they are)."""
-    config = model.config
+def implementation(config, name: str | None):
+    """``config``'s attention kernel set to ``name`` inside the block (None: left as it is), its own after it."""
     before = config._attn_implementation
-    if before == "eager":
-        config._attn_implementation = DECODE_ATTENTION
+    if name is not None:
+        config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+def decoding(model, masked: bool = False):
+    """Run ``model`` with ``grouped_attention`` inside the block when it uses eager attention (other kernels, e.g.
+    SDPA or flash attention on a GPU, already read the cache in place and are left as they are); ``masked``: with
+    ``head_masked_attention`` whatever its kernel (caches with keys evicted per head)."""
+    if masked:
+        return implementation(model.config, HEAD_MASKED)
+    return implementation(model.config, DECODE_ATTENTION if model.config._attn_implementation == "eager" else None)

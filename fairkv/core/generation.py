@@ -183,6 +183,7 @@ def answer_batch(
     max_new_tokens: int | list[int],
     stop_at_eos: bool = True,
     batch_size: int | None = None,
+    masked: bool = False,
 ) -> list[Answer]:
     """Greedy answers to many (compressed cache, query ids (1, q)) pairs, decoded in one running batch.
 
@@ -195,7 +196,8 @@ def answer_batch(
     The compressed caches are not modified, so one cache serves any number of queries. With one item this is
     kvpress's pipeline decode (``generate_answer``). Attention runs as ``attention.grouped_attention`` (eager's
     operations without copying the cache per query head). ``stop_at_eos=False`` decodes exactly the budget per sequence
-    (fixed-length timing, ``benchmarks/``).
+    (fixed-length timing, ``benchmarks/``). ``masked``: the caches mark keys evicted per head
+    (``attention.head_masked_attention``, ``fairkv.core.per_setting``).
     """
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(items)
     if len(budgets) != len(items) or min(budgets, default=1) < 1:
@@ -206,7 +208,7 @@ def answer_batch(
     start = clock(device)
     waiting = sorted(range(len(items)), key=lambda i: -items[i][1].shape[1])  # similar query lengths join together
     generated: list[list[int]] = [[] for _ in items]
-    with decoding(lm.model):
+    with decoding(lm.model, masked):
         _decode(lm, items, budgets, capacity, waiting, generated, pad_id, stops, stop_at_eos)
     seconds = (clock(device) - start) / len(items)
     return [

@@ -7,8 +7,10 @@ the three kinds of scores ``presses.selection.choose`` reads; ``cut`` applies ``
 (policy, variant, lam, ratio) and gathers the full cache: the same kept sets and the same compressed cache (same
 gather order) as running ``RecordingPress`` at that setting, without another forward pass.
 
-Out of scope: presses whose scores depend on the ratio other than StreamingLLM (handled: its kvpress score is
-rebuilt from the key shape at cut time) or that change the prefill itself.
+This is the score-once backend of the press catalogue (``presses.registry.SCORE_ONCE``). Out of scope: presses whose
+scores depend on the ratio other than StreamingLLM (handled: its kvpress score is rebuilt from the key shape at cut
+time), that draw random numbers or keep a different number of tokens per head: the per-setting backend
+(``fairkv.core.per_setting``) builds those.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from transformers import DynamicCache
 
 from fairkv.core.generation import Compressed, check_policy_fits
 from fairkv.core.models import LoadedModel, clock
-from fairkv.core.presses import check_ratio, make_press
+from fairkv.core.presses import PolicyError, check_ratio, get_policy, make_press
+from fairkv.core.presses.registry import SCORE_ONCE
 from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
 from fairkv.core.presses.selection import check_variant_inputs, choose, gather_kept
 from fairkv.core.prompts import Prompt
@@ -66,6 +69,11 @@ class Prefilled:
 def prefill(lm: LoadedModel, prompt: Prompt, policies: tuple[str, ...]) -> Prefilled:
     """One forward pass over the prefix, keeping the full cache and the scores of ``policies``."""
     for policy in policies:
+        if get_policy(policy).backend != SCORE_ONCE:
+            raise PolicyError(
+                f"{policy!r} is built per setting (fairkv.core.per_setting), not scored once: run it in a grid "
+                "(fairkv.runs.experiment.run), which builds each setting by its press's backend"
+            )
         check_policy_fits(lm, prompt, policy)
     collector = _ScoreCollector(tuple(policies), tuple((s.start, s.end) for s in prompt.spans))
     cache = DynamicCache()

@@ -4,7 +4,7 @@ presses that raised, the most biased presses, and the attack side's table and cl
 Bias: the defense's keep rate minus the directive's at ``BIAS_RATIO``, per prompt, mean over prompts with a bootstrap
 interval (``bias``); ``pattern`` reads both orders together: whether a press favours the later span (the paper's
 pitfall, Section 4.5: the defense, earlier in the normal order, is lost first), the earlier one, or neither. The rows
-come from ``fairkv.runs.atlas`` (keep rates) and ``fairkv.runs.anypress`` / ``fairkv.runs.wrappers`` (attacks).
+come from ``fairkv.runs.atlas`` (keep rates) and ``fairkv.runs.experiment`` on ``atlas.attack_grid`` (attacks).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Serial:
 def shared_model(job, device: str | None) -> models.LoadedModel:
     """The job's model as this process loaded it for an earlier run (same model, int8 and dtype on ``device``), or
     loaded now in place of the one held before: one model per process, however many studies a notebook runs."""
-    key = (job.grid.model, job.grid.int8, job.grid.dtype, device)
+    key = (*job.model_key(), device)
     if key not in _SHARED:
         _SHARED.clear()
         release_memory()

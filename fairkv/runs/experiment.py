@@ -26,14 +26,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from fairkv.core import data, generation, metrics, models, prompts, score_once
+from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.paths import results_dir
 from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy
+from fairkv.core.presses.registry import PER_SETTING
 from fairkv.core.presses.selection import check_lam
-from fairkv.core.progress import Bar
 from fairkv.core.progress import note as progress_note
-from fairkv.runs import executors, fingerprint
-from fairkv.runs.store import ResultsStore, StoreError
+from fairkv.runs import fingerprint, runner
+from fairkv.runs.store import ResultsStore
 
 # keep: no decoding, the row holds the keep rates and timings only; "attack" is the paper's attack, and any
 # RaccoonBench attack is a query kind of its own, "attack:<suite>/<category>/<name>" (data.attack_query)
@@ -222,12 +222,38 @@ def store_for(grid: Grid, folder: Path | None = None) -> ResultsStore:
 
 
 @dataclass(frozen=True)
+class Item:
+    """One missing cell of a task, once its cache is built: what its row is made of."""
+
+    record: object
+    order: str
+    prompt: prompts.Prompt
+    prefill_s: float
+    setting: Setting
+    compressed: generation.Compressed
+    query: str
+    cell_id: str
+
+    @property
+    def masked(self) -> bool:
+        """Its cache marks keys evicted per head (the per-setting backend's)."""
+        return built_per_setting(self.setting)
+
+
+def built_per_setting(setting: Setting) -> bool:
+    """The setting's press is built per setting (``presses.registry.PER_SETTING``); r = 0 is the uncompressed cache."""
+    return setting.policy is not None and get_policy(setting.policy).backend == PER_SETTING
+
+
+@dataclass(frozen=True)
 class Job:
-    """What every task of a run shares: the grid, the defense templates, the attacks and the library versions the
-    rows are stamped with. Executors call ``compute`` on their own loaded model (``load``), in this process or a
-    Ray worker's."""
+    """A grid's cells for ``runner.run``: the grid, its prompts, the model's checksum, the defense templates, the
+    attacks and the library versions the rows are stamped with. Executors call ``compute`` on their own loaded model
+    (``load``), in this process or a Ray worker's."""
 
     grid: Grid
+    records: tuple
+    checksum: str | None
     templates: dict
     attacks: dict[str, str]  # query kind -> attack text
     versions: dict
@@ -237,8 +263,80 @@ class Job:
             self.grid.model, int8=self.grid.int8, dtype=getattr(torch, self.grid.dtype), device=device
         )
 
+    def model_key(self) -> tuple:
+        return (self.grid.model, self.grid.int8, self.grid.dtype)
+
+    def cells(self) -> dict[tuple, str]:
+        """(record, order, setting, query) -> cell id, for every distinct cell of the grid."""
+        grid = self.grid
+        return {
+            (record, order, s, q): cell_id(_identity(grid.model, self.checksum, grid, record, order, s, q))
+            for record in self.records
+            for order in grid.orders
+            for s in grid.settings()
+            for q in grid.queries
+        }
+
+    def tasks(self, missing: list[tuple]) -> list[list]:
+        """Groups of (record, order, missing (setting, query) pairs, their cell ids): enough prompts for
+        ``TASK_BATCHES`` decode batches of their settings' queries (the running batch stays full until the task's last
+        answers); a prompt's settings and queries never straddle two tasks (they share one prefill)."""
+        grid, ids = self.grid, self.cells()
+        todo: dict[tuple, list] = {}
+        for record, order, s, q in missing:
+            todo.setdefault((record, order), []).append((s, q))
+        units = [(record, order) for record in self.records for order in grid.orders]
+        decoded = max(1, sum(query != "keep" for query in grid.queries))
+        group = max(1, TASK_BATCHES * grid.batch_size // (len(grid.settings()) * decoded))
+        tasks = []
+        for first in range(0, len(units), group):
+            task = [
+                (
+                    record,
+                    order,
+                    todo[(record, order)],
+                    {(s, q): ids[(record, order, s, q)] for s, q in todo[(record, order)]},
+                )
+                for record, order in units[first : first + group]
+                if (record, order) in todo
+            ]
+            if task:
+                tasks.append(task)
+        return tasks
+
     def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
-        return _compute(lm, self.grid, task, self.templates, self.attacks, self.versions)
+        """Rows for the missing (setting, query) pairs of a group of prompts: each prompt's settings built by their
+        backend (score-once: one prefill scores every policy, each setting cut from it; per-setting: one prefill,
+        each press's own ``compress`` per setting), then every query of the group decoded in one running batch of
+        ``grid.batch_size`` sequences (the per-setting caches in one of their own, with masked heads), each with its
+        own token budget."""
+        grid, items = self.grid, []
+        for number, (record, order, missing, ids) in enumerate(task, start=1):
+            progress_note(f"prefilling prompt {number} of {len(task)} in this task")
+            prompt = prompts.prompt_for(lm.tokenizer, record, self.templates, order, grid.template)
+            settings = list(dict.fromkeys(s for s, _ in missing))
+            each = [s for s in settings if built_per_setting(s)]
+            once = [s for s in settings if not built_per_setting(s)]
+            built = {}  # setting -> (prefill seconds, its compressed cache)
+            if once:
+                policies = tuple(dict.fromkeys(s.policy for s in once if s.policy is not None))
+                prefilled = score_once.prefill(lm, prompt, policies)
+                for s in once:
+                    built[s] = (prefilled.seconds, score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam))
+            if each:
+                caches, prefill_s = per_setting.compressed(lm, prompt, each)
+                built.update({s: (prefill_s, caches[s]) for s in each})
+            items += [Item(record, order, prompt, built[s][0], s, built[s][1], q, ids[(s, q)]) for s, q in missing]
+        rows = [_row(grid, lm, item, self.versions) for item in items if item.query == "keep"]
+        text = {**self.attacks, "benign": None}
+        for masked in (False, True):
+            todo = [item for item in items if item.query != "keep" and item.masked == masked]
+            if todo:
+                pairs = [(i.compressed, i.prompt.query_ids(text[i.query] or i.record.user)) for i in todo]
+                budgets = [grid.tokens_for(i.query) for i in todo]
+                answers = generation.answer_batch(lm, pairs, budgets, batch_size=grid.batch_size, masked=masked)
+                rows += [_row(grid, lm, item, self.versions, reply) for item, reply in zip(todo, answers)]
+        return rows
 
 
 def run(
@@ -250,132 +348,46 @@ def run(
     wait: bool = True,
 ) -> pd.DataFrame:
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
-    and query; r = 0 rows repeated under every policy and variant).
+    and query; r = 0 rows repeated under every policy and variant), through ``runner.run``.
 
-    ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster: ``RAY_ADDRESS`` or a
-    local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see ``fairkv.runs.executors``). Every
-    executor computes the same tasks (a group of prompts with all their missing settings and queries); only this
-    process writes the store, task by task as results arrive.
-
-    When cells are missing, the run holds the store's compute lock (``ResultsStore.computing``): if another process
-    computes the same store, it waits for it and reuses its rows (``wait=False``: raises ``StoreBusy`` naming it)."""
+    Any press of the catalogue is a policy (``presses.registry.PRESSES``); each setting is built by its press's
+    backend. ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster:
+    ``RAY_ADDRESS`` or a local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see
+    ``fairkv.runs.executors``). ``wait``: when another process computes the same store, wait for it and reuse its rows
+    (False: raise ``StoreBusy`` naming it)."""
     if lm is not None and lm.model.dtype != getattr(torch, grid.dtype):
         raise GridError(
             f"the model passed in runs in {lm.model.dtype}, the grid asks for {grid.dtype}: rows of "
             "another precision are never mixed; load it with that dtype or set the grid's dtype"
         )
-    store = store_for(grid, folder)
     records = data.load_records(grid.dataset)
     records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
     if not records:
         raise GridError(f"the slice start={grid.start}, n_prompts={grid.n_prompts} of {grid.dataset} is empty")
-    job = Job(grid, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
     checksum = lm.checksum if lm is not None else _checksum(grid.model)
-    done = store.rows()
-    tasks, total = _plan(grid, records, checksum, done, job.versions, store)
-    if tasks:
-        with store.computing(wait):
-            done = store.rows()  # rows another process stored while this one waited are reused
-            tasks, total = _plan(grid, records, checksum, done, job.versions, store)
-            missing = sum(len(cells) for task in tasks for _, _, cells, _ in task)
-            bar = Bar(total=total, initial=total - missing, desc="rows", unit="row", disable=not progress)
-            for rows in executors.executor(executor, lm).map(job, tasks) if tasks else ():
-                rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
-                done.update({row["cell_id"]: row for row in store.append(rows)})
-                bar.update(len(rows))
-            bar.close()
+    job = Job(grid, tuple(records), checksum, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
+    done = runner.run(job, store_for(grid, folder), executor, lm, progress, wait)
     return _collect(grid, records, done, checksum)
 
 
-def _plan(grid: Grid, records, checksum, done: dict, versions: dict, store: ResultsStore) -> tuple[list[list], int]:
-    """The tasks that compute what ``done`` lacks, and the grid's row count. A task is a group of (record, order,
-    missing (setting, query) pairs, cell ids): enough prompts for ``TASK_BATCHES`` decode batches of their settings'
-    queries (the running batch stays full until the task's last answers); a prompt's settings and queries never
-    straddle two tasks (they share one prefill)."""
-    settings = grid.settings()
-    units = [(record, order) for record in records for order in grid.orders]
-    decoded = max(1, sum(query != "keep" for query in grid.queries))
-    group = max(1, TASK_BATCHES * grid.batch_size // (len(settings) * decoded))
-    tasks = []
-    for first in range(0, len(units), group):
-        task = []
-        for record, order in units[first : first + group]:
-            ids = {
-                (s, q): cell_id(_identity(grid.model, checksum, grid, record, order, s, q))
-                for s in settings
-                for q in grid.queries
-            }
-            for cid in set(ids.values()) & done.keys():
-                _check_versions(done[cid], versions, store)
-            missing = [(s, q) for (s, q), cid in ids.items() if cid not in done]
-            if missing:
-                task.append((record, order, missing, ids))
-        if task:
-            tasks.append(task)
-    return tasks, len(units) * len(settings) * len(grid.queries)
-
-
-def _check_versions(row: dict, current: dict, store: ResultsStore) -> None:
-    """A stored row computed under other library versions is reported, never mixed into this run's results."""
-    if row.get("versions") != current:
-        stored = row.get("versions") or {}
-        changed = ", ".join(
-            f"{name} {stored.get(name)} (now {current.get(name)})"
-            for name in sorted(set(stored) | set(current))
-            if stored.get(name) != current.get(name)
-        )
-        raise StoreError(
-            f"{store.path} holds cell {row['cell_id']} of this grid computed with {changed}; results of different "
-            "versions or code (the fingerprint 'code', fairkv.runs.fingerprint) are not mixed: use another results folder "
-            "(FAIRKV_RESULTS_DIR), or move this file away to recompute its rows with this code"
-        )
-
-
-def _compute(lm, grid: Grid, work, templates, attacks: dict[str, str], versions: dict) -> list[dict]:
-    """Rows for the missing (setting, query) pairs of a group of prompts: one prefill per prompt, every setting cut
-    from it, then every query of the group decoded in one running batch of ``grid.batch_size`` sequences, each with
-    its own token budget."""
-    items = []  # (record, prompt, prefilled, setting, compressed, query, cell id), in a fixed order
-    for number, (record, order, missing, ids) in enumerate(work, start=1):
-        progress_note(f"prefilling prompt {number} of {len(work)} in this task")
-        prompt = prompts.prompt_for(lm.tokenizer, record, templates, order, grid.template)
-        policies = tuple(dict.fromkeys(s.policy for s, _ in missing if s.policy is not None))
-        prefilled = score_once.prefill(lm, prompt, policies)
-        cuts = {
-            s: score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam)
-            for s in dict.fromkeys(s for s, _ in missing)
-        }
-        items += [(record, order, prompt, prefilled, s, cuts[s], q, ids[(s, q)]) for s, q in missing]
-    rows = [_row(grid, lm, item, versions) for item in items if item[6] == "keep"]
-    text = {**attacks, "benign": None}
-    todo = [item for item in items if item[6] != "keep"]
-    if todo:
-        pairs = [(c, p.query_ids(text[q] or r.user)) for r, _, p, _, _, c, q, _ in todo]
-        answers = generation.answer_batch(
-            lm, pairs, [grid.tokens_for(item[6]) for item in todo], batch_size=grid.batch_size
-        )
-        rows += [_row(grid, lm, item, versions, reply) for item, reply in zip(todo, answers)]
-    return rows
-
-
-def _row(grid: Grid, lm, item, versions: dict, reply: generation.Answer | None = None) -> dict:
+def _row(grid: Grid, lm, item: Item, versions: dict, reply: generation.Answer | None = None) -> dict:
     """One store row: identity, keep rates, timings and (for a decoded query) the response and its scores."""
-    record, order, prompt, prefilled, setting, compressed, query, cid = item
+    prompt, compressed = item.prompt, item.compressed
     row = {
-        "cell_id": cid,
-        **_identity(grid.model, lm.checksum, grid, record, order, setting, query),
+        "cell_id": item.cell_id,
+        **_identity(grid.model, lm.checksum, grid, item.record, item.order, item.setting, item.query),
         "n_prefix": prompt.n_tokens,
         "span_tokens": {span.name: len(span) for span in prompt.spans},
         **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
-        "prefill_s": prefilled.seconds,
+        "prefill_s": item.prefill_s,
         "cut_s": compressed.seconds,
         "versions": versions,
     }
     if reply is not None:
         row.update({"response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds})
         row.update(
-            metrics.benign_scores(record, reply.text)
-            if query == "benign"
+            metrics.benign_scores(item.record, reply.text)
+            if item.query == "benign"
             else metrics.attack_scores(prompt.references, reply.text, prompt.raw_references)
         )
     return row

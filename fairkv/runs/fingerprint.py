@@ -2,8 +2,8 @@
 
 Library versions do not change when our own code does: a second local run would replay rows that older presses, an
 older engine or older prompt code computed. A fingerprint hashes the **definitions** a kind of row is computed by, not
-the files they live in. It starts from the row's entry points (``SWEEP``: ``experiment.run``; the atlas's and the
-wrappers' own in their modules) and follows every name they use, through any fairkv module, to the definition it
+the files they live in. It starts from the row's entry points (``SWEEP``: ``experiment.run``, every grid's rows; ``ATLAS``: the
+atlas's keep rates) and follows every name they use, through any fairkv module, to the definition it
 names: functions, classes, constants, top-level statements of a module it reaches, and the import statement of every
 outside library name (``from kvpress import SnapKVPress``). Each definition counts by its syntax tree without
 docstrings, without the module it lives in or the fairkv imports that reach it (``data.load_records`` reads as
@@ -16,7 +16,7 @@ So:
 - a definition no row reaches (a figure, a claim, a notebook's helper) never changes it, even in a module rows use.
 
 Modules in ``NEUTRAL`` run rows but cannot change their content (where files live, progress bars, the store's locking
-and format, the executors that carry tasks and rows, this module): a name taken from them counts by its module's name
+and format, the runner's store loop and the executors that carry tasks and rows, this module): a name taken from them counts by its module's name
 and its own, not its definition, so pointing the code at another definition still changes the fingerprint.
 
 ``versions`` stamps ``code_fingerprint()`` and the libraries' versions on every row; ``experiment.run`` refuses a
@@ -40,12 +40,16 @@ from fairkv.core import metrics
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The entry points of each kind of row (package-relative module, colon, name). A move updates these paths only.
-SWEEP = ("runs/experiment.py:run",)  # the paper's sweep rows: every study's, verify's and the CLI's
+SWEEP = ("runs/experiment.py:run",)  # every grid's rows, of any press of the catalogue and either backend
 ATLAS = ("runs/atlas.py:run",)  # the press atlas's keep rates
-ANYPRESS = ("runs/anypress.py:register",)  # kvpress scorers added to the score-once engine (the atlas's attack rows)
-# presses compressed per setting (kvpress's wrappers: AdaKV, CriticalKV, Block...), notebook 12's attack rows
-WRAPPERS = ("runs/wrappers.py:attack", "runs/wrappers.py:register")
-NEUTRAL = ("core/paths.py", "core/progress.py", "runs/store.py", "runs/executors.py", "runs/fingerprint.py")
+NEUTRAL = (
+    "core/paths.py",
+    "core/progress.py",
+    "runs/store.py",
+    "runs/runner.py",
+    "runs/executors.py",
+    "runs/fingerprint.py",
+)
 
 
 class FingerprintError(ValueError):
@@ -265,22 +269,10 @@ def of(roots: tuple[str, ...]) -> str:
     return digest.hexdigest()[:12]
 
 
-# Entry points that add presses to the engine at run time (``fairkv.runs.anypress.register``): in a process that
-# registered them, they decide rows too, so every row it computes carries their fingerprint beside the sweep's.
-EXTENSIONS: list[str] = []
-
-
-def extend(roots: tuple[str, ...]) -> None:
-    """Count the definitions reachable from ``roots`` in the fingerprint of every row this process computes."""
-    EXTENSIONS.extend(root for root in roots if root not in EXTENSIONS)
-    code_fingerprint.cache_clear()
-
-
 @lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """The fingerprint of ``SWEEP``, followed by that of the ``EXTENSIONS`` when a module registered any."""
-    base = of(SWEEP)
-    return f"{base}+{of(tuple(EXTENSIONS))}" if EXTENSIONS else base
+    """The fingerprint of ``SWEEP``: what every grid row carries."""
+    return of(SWEEP)
 
 
 def clear() -> None:

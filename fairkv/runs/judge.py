@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +31,7 @@ import torch
 from fairkv.core import data, models, prompts
 from fairkv.core.paths import results_dir
 from fairkv.core.progress import Bar
+from fairkv.runs import runner
 from fairkv.runs.store import ResultsStore
 
 STORE_PREFIX = "judge__"  # a judge's store: results/judge__<judge>.jsonl
@@ -264,14 +266,8 @@ def calibrate(lm: models.LoadedModel, n_prompts: int = 6, batch_size: int = 8) -
     return judged.assign(correct=judged["judge_leak"] == judged["leak"])
 
 
-def _cell(judge: models.LoadedModel, judged_cell: str) -> str:
-    identity = {
-        "judge": judge.name,
-        "checksum": judge.checksum,
-        "version": JUDGE_VERSION,
-        "cell": judged_cell,
-        "dtype": str(judge.model.dtype).removeprefix("torch."),
-    }
+def _cell(name: str, checksum: str | None, dtype: str, judged_cell: str) -> str:
+    identity = {"judge": name, "checksum": checksum, "version": JUDGE_VERSION, "cell": judged_cell, "dtype": dtype}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -287,6 +283,45 @@ def secrets(rows: pd.DataFrame) -> dict[tuple[str, int], str]:
     return out
 
 
+@dataclass(frozen=True)
+class Job:
+    """The judge's scores of attack responses for ``runner.run``: one task judges every missing response (similar
+    lengths batch together across all of them)."""
+
+    name: str
+    checksum: str | None
+    dtype: str
+    responses: dict  # judged cell id -> (secret, response)
+    batch_size: int = 8
+    progress: bool = True
+    versions = None  # scores are keyed by JUDGE_VERSION in their cell id, not stamped
+
+    def cells(self) -> dict[str, str]:
+        return {judged: _cell(self.name, self.checksum, self.dtype, judged) for judged in self.responses}
+
+    def tasks(self, missing: list[str]) -> list[list[str]]:
+        return [missing]
+
+    def load(self, device: str | None = None) -> models.LoadedModel:
+        return load_judge(self.name, self.dtype)
+
+    def model_key(self) -> tuple:
+        return (self.name, False, self.dtype)
+
+    def compute(self, lm: models.LoadedModel, task: list[str]) -> list[dict]:
+        scores = score(lm, [self.responses[judged] for judged in task], self.batch_size, self.progress)
+        return [
+            {
+                "cell_id": _cell(self.name, self.checksum, self.dtype, c),
+                "judged": c,
+                "judge": self.name,
+                "version": JUDGE_VERSION,
+                **s,
+            }
+            for c, s in zip(task, scores)
+        ]
+
+
 def judge_rows(
     rows: pd.DataFrame,
     judge: models.LoadedModel,
@@ -296,30 +331,20 @@ def judge_rows(
     wait: bool = True,
 ) -> pd.DataFrame:
     """``rows`` (attack rows of any study) with the judge's columns; responses already judged are read back from the
-    judge's store, the rest are judged and stored first (under the store's compute lock: ``wait`` as in
-    ``experiment.run``)."""
+    judge's store, the rest are judged and stored first (``runner.run``, under the store's compute lock: ``wait`` as
+    in ``experiment.run``)."""
     attack = rows[rows["query"] == "attack"]
     if attack.empty:
         raise JudgeError("no attack rows to judge (query == 'attack')")
     name = f"{STORE_PREFIX}{judge.name.replace('/', '__')}.jsonl"
     store = ResultsStore((Path(folder) if folder else results_dir()) / name)
     unique = attack.drop_duplicates("cell_id")
-    done = store.rows()
-    if any(_cell(judge, c) not in done for c in unique["cell_id"]):
-        with store.computing(wait):  # one process judges a store's responses at a time; the other reuses them
-            done = store.rows()
-            todo = unique[[_cell(judge, c) not in done for c in unique["cell_id"]]]
-            if not todo.empty:
-                text = secrets(todo)
-                pairs = [(text[(r.dataset, r.key)], r.response) for r in todo.itertuples()]
-                scores = score(judge, pairs, batch_size, progress)
-                stored = store.append(
-                    {"cell_id": _cell(judge, c), "judged": c, "judge": judge.name, "version": JUDGE_VERSION, **s}
-                    for c, s in zip(todo["cell_id"], scores)
-                )
-                done.update({row["cell_id"]: row for row in stored})
+    text = secrets(unique)
+    responses = {r.cell_id: (text[(r.dataset, r.key)], r.response) for r in unique.itertuples()}
+    dtype = str(judge.model.dtype).removeprefix("torch.")
+    job = Job(judge.name, judge.checksum, dtype, responses, batch_size, progress)
+    done = runner.run(job, store, lm=judge, progress=False, wait=wait)
+    ids = job.cells()
     columns = ["judge_score", "judge_expected", "judge_leak", "judge_mass"]
-    judged = pd.DataFrame(
-        [{k: done[_cell(judge, c)][k] for k in columns} for c in attack["cell_id"]], index=attack.index
-    )
+    judged = pd.DataFrame([{k: done[ids[c]][k] for k in columns} for c in attack["cell_id"]], index=attack.index)
     return attack.join(judged)

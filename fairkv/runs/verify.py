@@ -25,16 +25,17 @@ import copy
 import json
 import random
 import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from fairkv.core import data, generation, models, prompts, score_once
+from fairkv.core import data, generation, models, per_setting, prompts, score_once
+from fairkv.core.attention import decoding
+from fairkv.core.presses.registry import runnable
 from fairkv.core.progress import Bar
-from fairkv.runs import anypress, atlas, experiment, fingerprint, wrappers
+from fairkv.runs import atlas, experiment, fingerprint
 from fairkv.runs.store import ResultsStore
 
 IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  # timings and stamps: never equal twice
@@ -107,13 +108,13 @@ def cell_grid(row: dict) -> experiment.Grid:
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of stored row: the versions this checkout stamps on it, and how one row is computed afresh (in an
-    empty folder, with the row's model loaded once per store) into its store's rows by cell id."""
+    """One kind of stored row: the versions this checkout stamps on it, how one row is computed afresh (in an empty
+    folder, with the row's model loaded once per store) into its store's rows by cell id, and whether it decodes."""
 
     name: str
     versions: Callable[[], dict]
     recompute: Callable[[dict, models.LoadedModel, Path], dict]
-    cache: Callable | None  # (lm, prompt, setting) -> (the cell's cache, the context it decodes in); None: no decoding
+    decodes: bool
 
 
 def _sweep(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
@@ -122,37 +123,28 @@ def _sweep(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
     return experiment.store_for(grid, folder).rows()
 
 
-def _wrapped(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
-    grid = cell_grid(row)
-    wrappers.attack(grid, folder, progress=False, lm=lm)
-    return ResultsStore(wrappers.store_path(grid, folder)).rows()
-
-
 def _keep_rates(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
     record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
     prompt = prompts.paper_prompt(lm.tokenizer, record, data.load_defense_templates(), row["order"])
-    ((keep, error),) = atlas.keep_rates(lm, prompt, atlas.runnable([row["press"]]), (row["ratio"],)).values()
+    ((keep, error),) = atlas.keep_rates(lm, prompt, runnable([row["press"]]), (row["ratio"],)).values()
     return {row["cell_id"]: {**row, "keep": keep, "error": error, "n_tokens": prompt.n_tokens}}
 
 
-def _engine_cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
+def _cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
+    """The cell's compressed cache as its backend builds it, and the attention it decodes with."""
+    if experiment.built_per_setting(setting):
+        compressed, _ = per_setting.compressed(lm, prompt, [setting])
+        return compressed[setting], decoding(lm.model, masked=True)
     prefilled = score_once.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
-    return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), nullcontext()
+    return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), decoding(lm.model)
 
 
-def _wrapped_cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
-    compressed, _ = wrappers.compressed(lm, prompt, [setting])
-    return compressed[setting], wrappers.head_masking(lm.model)
-
-
-SWEEP = Kind("sweep", fingerprint.versions, _sweep, _engine_cache)
-ANYPRESS = Kind("kvpress scorers in the engine (fairkv.runs.anypress)", fingerprint.versions, _sweep, _engine_cache)
-WRAPPERS = Kind("presses compressed per setting (fairkv.runs.wrappers)", wrappers.versions, _wrapped, _wrapped_cache)
-KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, None)
+SWEEP = Kind("grid rows (any press of the catalogue)", fingerprint.versions, _sweep, True)
+KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, False)
 
 
 def kind_of(path: Path, rows: list[dict]) -> Kind:
-    """The kind of ``rows``, with the presses it needs registered (``anypress.register``, ``wrappers.register``)."""
+    """The kind of ``rows``: the atlas's keep rates, or a grid's rows."""
     if all(row.get("kind") == "atlas" for row in rows):
         return KEEP_RATES
     strangers = sum(not SWEEP_IDENTITY <= row.keys() for row in rows)
@@ -161,15 +153,6 @@ def kind_of(path: Path, rows: list[dict]) -> Kind:
             f"{path}: {strangers} of {len(rows)} rows are neither a sweep's rows (no "
             f"{', '.join(sorted(SWEEP_IDENTITY))}) nor the atlas's keep rates"
         )
-    presses = {row["policy"] for row in rows} - {"none"}
-    scorers = {anypress.key(entry): entry.name for entry in anypress.scorers()}
-    if presses & scorers.keys():
-        anypress.register([scorers[key] for key in sorted(presses & scorers.keys())])
-        return ANYPRESS
-    wrapped = {anypress.key(e): e.name for e in atlas.runnable() if not e.paper and e.name not in scorers.values()}
-    if presses & wrapped.keys():
-        wrappers.register([wrapped[key] for key in sorted(presses & wrapped.keys())])
-        return WRAPPERS
     return SWEEP
 
 
@@ -216,8 +199,8 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
             changed = differences(row, fresh[row["cell_id"]])
             if changed:
                 report.differing[row["cell_id"]] = changed
-                if kind.cache and _response_only(changed):
-                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"], kind.cache)
+                if kind.decodes and _response_only(changed):
+                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"])
                     if tie:
                         report.near_ties[row["cell_id"]] = tie
             else:
@@ -252,12 +235,11 @@ def _response_only(changed: list[str]) -> bool:
 
 
 @torch.inference_mode()
-def near_tie(lm, row: dict, response: str, cache=_engine_cache) -> str | None:
+def near_tie(lm, row: dict, response: str) -> str | None:
     """Where the stored response and the recomputed ``response`` part, if their tokens there are a near tie.
 
-    The cell's cache is rebuilt as its rows were built (``cache``: the engine's, or ``wrappers.compressed`` decoded
-    with masked heads); the query and the responses' common
-    beginning run over a copy of it, and the two tokens' logits at the next position are compared in rounding steps of
+    The cell's cache is rebuilt as its rows were built (``_cache``: by its press's backend, decoded with masked heads
+    for the per-setting one); the query and the responses' common beginning run over a copy of it, and the two tokens' logits at the next position are compared in rounding steps of
     the row's precision at the larger logit's magnitude. A response that ended first parts at an end-of-turn token.
     """
     grid, tokenizer = cell_grid(row), lm.tokenizer
@@ -265,7 +247,7 @@ def near_tie(lm, row: dict, response: str, cache=_engine_cache) -> str | None:
     record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
     prompt = prompts.prompt_for(tokenizer, record, templates, row["order"], grid.template)
     setting = experiment.canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
-    compressed, decoding = cache(lm, prompt, setting)
+    compressed, attention = _cache(lm, prompt, setting)
     query = prompt.query_ids({**attacks, "benign": None}[row["query"]] or record.user)
     stored, fresh = (tokenizer(text, add_special_tokens=False).input_ids for text in (row["response"], response))
     part = next((i for i, (a, b) in enumerate(zip(stored, fresh)) if a != b), min(len(stored), len(fresh)))
@@ -273,7 +255,7 @@ def near_tie(lm, row: dict, response: str, cache=_engine_cache) -> str | None:
     copied = copy.deepcopy(compressed.cache)
     positions = torch.arange(prompt.n_tokens, prompt.n_tokens + ids.shape[1], device=lm.device)[None]
     mask = torch.ones(1, copied.get_seq_length() + ids.shape[1], dtype=torch.long, device=lm.device)
-    with decoding:
+    with attention:
         output = lm.model(
             input_ids=ids, past_key_values=copied, position_ids=positions, attention_mask=mask, logits_to_keep=1
         )

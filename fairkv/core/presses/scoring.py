@@ -18,17 +18,29 @@ the chat header, the last the template suffix), so that every prefix token belon
 names the spans, not how the header and suffix are split). Measured on Fig 9's H2O row (benchmarks/fair_h2o_spans.py,
 Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99.3% of the kept positions are the same,
 refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
+
+Beyond the paper, every other score-once press of the catalogue (``registry.CATALOG``) gets its span-local scores by
+the catalogue's ``scoring`` column:
+
+- "independent" (a token's score reads only that token: K-Norm, Random): the press's own score is already local;
+- "cross-token" (the score reads other tokens' queries, keys or values): each span is scored as a prompt of its own
+  (``span_as_prompt``): the press's ``score`` sees only the span's hidden states, keys and values, with the keys
+  re-rotated to start at position 0 and the RoPE tables of positions 0 .. len - 1, exactly what it would see if the
+  span were the whole prefix. Whatever a press does at the start of a prefix (the 4 sinks of ExpectedAttention, LagKV
+  and CUR) it does at each span's start.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import kvpress
 import torch
 import torch.nn.functional as F
 from kvpress import KnormPress, ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress, TOVAPress
 
 from fairkv.core.presses.budget import window_split
+from fairkv.core.presses.registry import CATALOG, SCORE_ONCE
 
 Spans = Sequence[tuple[int, int]]
 
@@ -116,6 +128,55 @@ def _knorm_local(press, module, hidden_states, keys, values, attentions, kwargs,
     return press.score(module, hidden_states, keys, values, attentions, kwargs)
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def shift_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int) -> torch.Tensor:
+    """Keys (batch, kv_heads, L, d) rotated at positions start .. start + L - 1, rotated back by ``start`` (RoPE is a
+    rotation per frequency: R(p) R(-s) = R(p - s)); ``cos``/``sin`` (batch, n, d) are the prefix's RoPE tables."""
+    if start == 0:
+        return keys
+    c, s = cos[:, start].unsqueeze(1).unsqueeze(2), sin[:, start].unsqueeze(1).unsqueeze(2)
+    return (keys.float() * c.float() - _rotate_half(keys.float()) * s.float()).to(keys.dtype)
+
+
+def span_as_prompt(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+    """Scores (batch, kv_heads, n): each span scored by ``press`` as if it were the whole prefix (see module doc)."""
+    if (
+        getattr(module.config, "rope_scaling", None) not in (None, {})
+        and module.config.rope_scaling.get("rope_type", "default") != "default"
+    ):
+        raise NotImplementedError(
+            f"span-local scoring re-rotates keys by plain RoPE; this model scales it ({module.config.rope_scaling})"
+        )
+    cos, sin = kwargs["position_embeddings"]
+    batch, kv_heads, n, _ = keys.shape
+    scores = torch.zeros(batch, kv_heads, n, dtype=torch.float32, device=keys.device)
+    for start, end in spans:
+        length = end - start
+        local = {
+            **kwargs,
+            "hidden_states": hidden_states[:, start:end],
+            "position_embeddings": (cos[:, :length], sin[:, :length]),
+            "cache_position": torch.arange(length, device=keys.device),
+        }
+        scores[..., start:end] = press.score(
+            module,
+            hidden_states[:, start:end],
+            shift_keys(keys[:, :, start:end], cos, sin, start),
+            values[:, :, start:end],
+            None,
+            local,
+        ).float()
+    return scores
+
+
+def _independent(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+    return press.score(module, hidden_states, keys, values, None, kwargs)
+
+
 LocalScorer = Callable[..., torch.Tensor]
 LOCAL_SCORERS: dict[type, LocalScorer] = {
     StreamingLLMPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _streaming_scores(press, keys),
@@ -127,6 +188,12 @@ LOCAL_SCORERS: dict[type, LocalScorer] = {
     ),
     TOVAPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _tova_local(keys, attn, spans),
     KnormPress: _knorm_local,
+    # the catalogue's other score-once presses, by their ``scoring``
+    **{
+        getattr(kvpress, e.name): _independent if e.scoring == "independent" else span_as_prompt
+        for e in CATALOG.values()
+        if e.backend == SCORE_ONCE and not e.paper
+    },
 }
 
 

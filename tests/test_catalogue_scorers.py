@@ -1,5 +1,6 @@
-"""Whitelist and fair eviction for any ScorerPress (fairkv.runs.anypress): span-local scores that never read another span,
-keys re-rotated exactly, the variants through the score-once engine, and rows that carry the extended fingerprint."""
+"""Whitelist and fair eviction for the catalogue's other score-once presses: span-local scores that never read another
+span, keys re-rotated exactly, the variants through the score-once engine, and rows that carry the sweep's
+fingerprint, with nothing registered at run time."""
 
 import pytest
 import torch
@@ -8,19 +9,17 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from fairkv.core import metrics, prompts, score_once
 from fairkv.core.presses import registry
-from fairkv.core.presses.scoring import ranking_scores, span_local_scores
-from fairkv.runs import anypress, atlas, experiment, fingerprint
+from fairkv.core.presses.registry import PER_SETTING, SCORE_ONCE, runnable
+from fairkv.core.presses.scoring import LOCAL_SCORERS, ranking_scores, shift_keys, span_as_prompt, span_local_scores
+from fairkv.runs import experiment, fingerprint
+
+SCORERS = [e.key for e in runnable() if not e.paper and e.backend == SCORE_ONCE]
 
 
-@pytest.fixture
-def registered(policies_restored):
-    """The catalog's score-once presses registered for one test, the paper's policies alone again after it."""
-    return anypress.register()
-
-
-def test_every_press_of_the_atlas_has_its_case_and_the_rest_a_reason():
-    assert set(anypress.LOCALITY) == {e.name for e in atlas.runnable() if not e.paper}
-    once = {e.name for e in anypress.scorers()}
+def test_every_runnable_press_has_a_backend_and_each_score_once_one_its_local_scores():
+    """The catalogue declares the backends: the scorers whose score reads neither the ratio nor random numbers are
+    scored once (each with span-local scores), every other runnable press is built per setting; all are policies."""
+    once = {e.name for e in runnable() if not e.paper and e.backend == SCORE_ONCE}
     assert once == {
         "ExpectedAttentionPress",
         "KeyDiffPress",
@@ -29,11 +28,10 @@ def test_every_press_of_the_atlas_has_its_case_and_the_rest_a_reason():
         "CapPress",
         "NonCausalAttnPress",
     }
-    assert set(anypress.NOT_SCORE_ONCE) | once >= {
-        n for n, case in anypress.LOCALITY.items() if case != "wrapper of SnapKV"
-    }
-    with pytest.raises(atlas.AtlasError, match="random sketch"):
-        anypress.register(["LeverageScore"])
+    assert {e.name for e in runnable() if e.backend == PER_SETTING} >= {"LeverageScorePress", "CompactorPress"}
+    assert all(e.backend in (SCORE_ONCE, PER_SETTING) for e in runnable())
+    assert {type(registry.make_press(key, 0.5)) for key in SCORERS} <= set(LOCAL_SCORERS)
+    assert set(registry.PRESSES) == {e.key for e in runnable()}
 
 
 def test_shift_keys_is_the_rotation_of_the_earlier_position():
@@ -45,7 +43,7 @@ def test_shift_keys_is_the_rotation_of_the_earlier_position():
     cos, sin = torch.cat([angles.cos()] * 2, -1)[None], torch.cat([angles.sin()] * 2, -1)[None]  # (1, n, dim)
     raw = torch.randn(1, 2, n, dim)
     _, rotated = apply_rotary_pos_emb(raw, raw, cos, sin)
-    shifted = anypress.shift_keys(rotated[:, :, start:], cos, sin, start)
+    shifted = shift_keys(rotated[:, :, start:], cos, sin, start)
     _, expected = apply_rotary_pos_emb(raw[:, :, start:], raw[:, :, start:], cos[:, : n - start], sin[:, : n - start])
     assert torch.allclose(shifted, expected, atol=1e-5)
     assert not torch.allclose(rotated[:, :, start:], expected, atol=1e-2)
@@ -90,25 +88,25 @@ def _assert_independent(lm, name: str, press, local=None):
     for layer in (0, 15, 29):
         earlier = lambda p, kind: getattr(p, kind)[layer][..., span.start : span.end]
         assert torch.allclose(earlier(a, "local"), earlier(b, "local"), rtol=1e-4, atol=1e-6), (name, layer)
-        if anypress.LOCALITY[name] == "cross-token":
+        if registry.CATALOG[name].scoring == "cross-token":
             assert not torch.allclose(earlier(a, "base"), earlier(b, "base"), rtol=1e-3, atol=1e-6), (name, layer)
 
 
-def test_span_local_scores_never_read_the_other_span(smollm, registered):
-    for policy in registered:
-        entry = atlas.runnable([registry.get_policy(policy).label])[0]
-        _assert_independent(smollm, entry.name, registry.make_press(policy, 0.5))
+def test_span_local_scores_never_read_the_other_span(smollm):
+    for policy in SCORERS:
+        _assert_independent(smollm, registry.entry_of(policy).name, registry.make_press(policy, 0.5))
 
 
 @pytest.mark.parametrize("name", ["LeverageScorePress", "CompactorPress"])
 def test_presses_the_engine_cannot_score_once_have_span_local_scores_too(smollm, name):
-    """The scorers left out of the engine (a random sketch per call) still take fair eviction through
-    ``anypress.local_scorer``: with the sketch drawn from one seed, their span-local scores are independent too."""
-    entry = atlas.runnable([name])[0]
-    _assert_independent(smollm, name, entry.build(0.5), anypress.local_scorer(name))
+    """The scorers left out of the engine (a random sketch per call) take fair eviction per setting, each span scored
+    as a prompt of its own (``span_as_prompt``): with the sketch drawn from one seed, those scores are independent
+    too."""
+    entry = runnable([name])[0]
+    _assert_independent(smollm, name, entry.build(0.5), span_as_prompt)
 
 
-def test_the_first_span_is_scored_as_the_prompt_cut_after_it(smollm, normal_prompt, registered):
+def test_the_first_span_is_scored_as_the_prompt_cut_after_it(smollm, normal_prompt):
     """Span 0 starts at position 0: its span-local score is the press's score of the prefix cut at its end."""
     first = normal_prompt.spans[0]
     for policy in ("keydiff", "expectedattention"):
@@ -124,10 +122,10 @@ def test_the_first_span_is_scored_as_the_prompt_cut_after_it(smollm, normal_prom
             assert torch.allclose(whole.local[layer][..., : first.end], alone.base[layer], rtol=1e-4, atol=1e-6), policy
 
 
-def test_registered_presses_take_the_variants_in_the_engine(smollm, normal_prompt, registered):
-    prefilled = score_once.prefill(smollm, normal_prompt, tuple(registered))
+def test_the_catalogue_scorers_take_the_variants_in_the_engine(smollm, normal_prompt):
+    prefilled = score_once.prefill(smollm, normal_prompt, tuple(SCORERS))
     n = normal_prompt.n_tokens
-    for policy in registered:
+    for policy in SCORERS:
         base = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
         fair = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
         for span in normal_prompt.spans:
@@ -138,12 +136,11 @@ def test_registered_presses_take_the_variants_in_the_engine(smollm, normal_promp
             assert set(normal_prompt.protected) <= set(indices[0, 0].tolist()), policy
 
 
-def test_rows_of_a_registered_press_carry_the_extended_fingerprint(smollm, tmp_path, registered):
+def test_rows_of_a_catalogue_press_carry_the_sweeps_fingerprint(smollm, tmp_path):
     grid = experiment.profile(
         "ci", n_prompts=1, policies=("keydiff",), ratios=(0.5,), queries=("keep",), variants=("base", "fair")
     )
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
     assert len(rows) == 2
-    code = rows["versions"].iloc[0]["code"]
-    assert code == fingerprint.code_fingerprint()
-    assert code == f"{fingerprint.of(fingerprint.SWEEP)}+{fingerprint.of(fingerprint.ANYPRESS)}"
+    assert set(rows["versions"].map(lambda v: v["code"])) == {fingerprint.code_fingerprint()}
+    assert fingerprint.code_fingerprint() == fingerprint.of(fingerprint.SWEEP)

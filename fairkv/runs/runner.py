@@ -1,0 +1,91 @@
+"""The one runner: computes what a results store lacks for a job, resumable at any point, and returns the store's rows.
+
+Every kind of row goes through ``run``: the sweeps of the paper's studies and of any press of the catalogue
+(``experiment.Job``), the press atlas's keep rates (``atlas.Job``) and the judge's scores (``judge.Job``). A job says
+which cells it wants (``cells``: cell key -> cell id), how missing cells group into tasks (``tasks``), how a task is
+computed on a loaded model (``compute``) and which model that is (``load``, ``model_key``), and the versions its rows
+carry (``versions``; None for rows keyed by their own version, as the judge's). ``run`` owns the store rule:
+
+- rows of this job stored under other versions or code are an error naming them, never mixed in;
+- when cells are missing, the store's compute lock is held (``ResultsStore.computing``): a second process on the same
+  store waits and reuses the first one's rows (``wait=False``: fails at once naming it);
+- tasks run on an executor (``fairkv.runs.executors``: this process, or a Ray cluster), and only this process appends
+  their rows, task by task as they arrive, so a killed run loses at most the tasks in flight and recomputes nothing
+  stored; the progress bar counts rows done / total with an ETA.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from fairkv.core.progress import Bar
+from fairkv.runs import executors
+from fairkv.runs.store import ResultsStore, StoreError
+
+
+class Job(Protocol):
+    versions: dict | None
+
+    def cells(self) -> dict: ...
+
+    def tasks(self, missing: list) -> list: ...
+
+    def compute(self, lm, task) -> list[dict]: ...
+
+    def load(self, device: str | None): ...
+
+    def model_key(self) -> tuple: ...
+
+
+def run(
+    job: Job,
+    store: ResultsStore,
+    executor="serial",
+    lm=None,
+    progress: bool = True,
+    wait: bool = True,
+    desc: str = "rows",
+) -> dict[str, dict]:
+    """The stored rows of every cell of ``job`` (cell id -> row), computing the missing ones first."""
+    ids = job.cells()
+    done = store.rows()
+    missing = _missing(job, ids, done, store)
+    if missing:
+        with store.computing(wait):
+            done = store.rows()  # rows another process stored while this one waited are reused
+            missing = _missing(job, ids, done, store)
+            wanted = set(ids.values())
+            initial = len(wanted) - len(set(missing.values()))
+            bar = Bar(total=len(wanted), initial=initial, desc=desc, unit="row", disable=not progress)
+            tasks = job.tasks(list(missing)) if missing else []
+            for rows in executors.executor(executor, lm).map(job, tasks):
+                rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
+                done.update({row["cell_id"]: row for row in store.append(rows)})
+                bar.update(len(rows))
+            bar.close()
+    return done
+
+
+def _missing(job: Job, ids: dict, done: dict, store: ResultsStore) -> dict:
+    """The cells of ``ids`` that ``done`` lacks; a stored one of other versions is an error."""
+    if job.versions is not None:
+        for cid in set(ids.values()) & done.keys():
+            check_versions(done[cid], job.versions, store)
+    return {key: cid for key, cid in ids.items() if cid not in done}
+
+
+def check_versions(row: dict, current: dict, store: ResultsStore) -> None:
+    """A stored row computed under other library versions or code is reported, never mixed into this run's results."""
+    if row.get("versions") != current:
+        stored = row.get("versions") or {}
+        changed = ", ".join(
+            f"{name} {stored.get(name)} (now {current.get(name)})"
+            for name in sorted(set(stored) | set(current))
+            if stored.get(name) != current.get(name)
+        )
+        raise StoreError(
+            f"{store.path} holds cell {row['cell_id']} of this job computed with {changed}; results of different "
+            "versions or code (the fingerprint 'code', fairkv.runs.fingerprint) are not mixed: use another results "
+            "folder (FAIRKV_RESULTS_DIR), or move this file away to recompute its rows with this code "
+            "(or `fairkv restamp` them once this code recomputes them identically)"
+        )
