@@ -77,7 +77,7 @@ def speed(args) -> None:
 def estimate(profile: str) -> None:
     cells = set()
     print(f"{'study':14} {'cells':>8} {'new cells':>10} {'max new tokens':>15}")
-    for name in studies.STUDIES:
+    for name in studies.SWEEPS:
         grid = studies.grid(name, profile)
         if grid.dataset in longbench.DATASETS:
             print(f"{name:14} LongBench TREC: its size is not known without the data (200 prompts in LongBench)")

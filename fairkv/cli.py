@@ -26,69 +26,28 @@ from fairkv.core import models, progress
 from fairkv.core.paths import REPO_ROOT, reports_dir, results_dir
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
 from fairkv.report import figures, paper, readme
-from fairkv.runs import fingerprint, judge, verify
+from fairkv.runs import fingerprint, judge, studies, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 AUDIT_MODEL = "qwen2.5-coder-1.5b"
-# Wall minutes on this repository's 2-core machine from an empty results store. ci: measured per notebook (executed one
-# after another with the running decode batch). cpu: estimated per notebook at its current scale from the rows each
-# adds (cells an earlier notebook computed are not counted again) times the costs per row measured on its first rows
-# (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer 0.22 s); 08 and 10 from their
-# earlier measurements scaled to their prompts; 09 (4 min 52 s), 11 (18 min 12 s, 12.1 GB peak) and 12 (43 min 8 s from
-# an empty atlas store, 12.2 GB peak, plus 39 min 27 s for the wrappers' attack side, 11.5 GB peak) measured.
-# Rows already in the store cost nothing.
-MEASURED_MINUTES = {
-    "ci": {
-        "00": 0.8,
-        "01": 0.4,
-        "02": 0.6,
-        "03": 0.8,
-        "04": 0.3,
-        "05": 0.8,
-        "06": 1.0,
-        "07": 0.4,
-        "08": 0.5,
-        "09": 0.7,
-        "10": 0.8,
-        "11": 3.0,
-        "12": 0.6,
-    },
-}
-ESTIMATED_MINUTES = {
-    "cpu": {
-        "00": 1,
-        "01": 6,
-        "02": 10,
-        "03": 18,
-        "04": 5,
-        "05": 29,
-        "06": 38,
-        "07": 39,
-        "08": 10,
-        "09": 5,
-        "10": 35,
-        "11": 18,
-        "12": 83,
-    },
-}
 # The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 
 
 def expected_time(profile: str, notebooks: list[Path]) -> str:
-    """What the run should take on a 2-core machine: measured (ci) or estimated (cpu) minutes per notebook."""
-    chosen = [nb.name[:2] for nb in notebooks]
-    for kind, table in (("measured", MEASURED_MINUTES), ("estimated", ESTIMATED_MINUTES)):
-        if profile in table:
-            minutes = {n: table[profile][n] for n in chosen if n in table[profile]}
-            parts = ", ".join(f"{n}: {m:g}" for n, m in minutes.items())
-            return (
-                f"{kind} on a 2-core machine for the {profile} profile: about {sum(minutes.values()):.0f} min "
-                f"from an empty results store ({parts} min; rows already stored are not recomputed, and an "
-                "interrupted run resumes where it stopped)"
-            )
-    return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
+    """What the run should take on a 2-core machine: measured (ci) or estimated (cpu) minutes per notebook
+    (``studies.MINUTES``)."""
+    expected = studies.expected_minutes(profile, [nb.name[:2] for nb in notebooks])
+    if expected is None:
+        return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
+    kind, minutes = expected
+    parts = ", ".join(f"{n}: {m:g}" for n, m in minutes.items())
+    return (
+        f"{kind} on a 2-core machine for the {profile} profile: about {sum(minutes.values()):.0f} min "
+        f"from an empty results store ({parts} min; rows already stored are not recomputed, and an "
+        "interrupted run resumes where it stopped)"
+    )
 
 
 def reproduce(names: list[str] | None = None, parameters: dict | None = None) -> list[str]:

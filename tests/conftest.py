@@ -39,7 +39,8 @@ def qwen_judge() -> models.LoadedModel:
     eager attention its scores on the calibration set differ), loaded once for the judge's checks."""
     from fairkv.runs import judge
 
-    return judge.load_judge(judge.DEFAULT_JUDGE, judge.PRECISIONS["cpu"])
+    chosen = judge.plan("cpu")
+    return judge.load_judge(chosen.judge, chosen.dtype)
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,9 @@ import math
 import pandas as pd
 import pytest
 
+from fairkv import cli
 from fairkv.core.paths import results_dir
-from fairkv.report import analysis, verdicts
+from fairkv.report import analysis, paper, verdicts
 from fairkv.runs import experiment, studies
 
 
@@ -600,7 +601,7 @@ def test_every_study_grid_in_every_profile(name, profile):
 
 
 def test_the_grid_table_covers_every_study_and_profile():
-    assert set(GRIDS) == {(name, profile) for name in studies.STUDIES for profile in experiment.PROFILES}
+    assert set(GRIDS) == {(name, profile) for name in studies.SWEEPS for profile in experiment.PROFILES}
 
 
 def test_the_benign_side_runs_on_its_own_part_of_the_grid():
@@ -720,3 +721,20 @@ def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
     assert labels == ["accuracy (n = 2)", "leakage (y axis 0-0.15)\n(n = 4)"]
     blank = [ax for ax in fig.axes if not ax.lines]  # K-Norm's accuracy: not measured, and the panel says so
     assert len(blank) == 1 and blank[0].texts[0].get_text() == "not run at\nthis profile"
+
+
+def test_every_study_names_the_claims_its_notebook_checks_and_every_notebook_is_timed():
+    """A study's ``claims`` is a function of ``fairkv.report.paper`` that its notebook calls; the cli's time of every
+    notebook comes from ``studies.MINUTES``; the plans that are not grids have a scale at each profile they list."""
+    notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    for name, chosen in studies.STUDIES.items():
+        assert callable(getattr(paper, chosen.claims)), name
+        (notebook,) = [nb for nb in notebooks if nb.name.startswith(chosen.notebook)]
+        assert f"paper.{chosen.claims}(" in notebook.read_text(), (name, notebook.name)
+    for kind, minutes in studies.MINUTES.values():
+        assert set(minutes) == {nb.name[:2] for nb in notebooks}, kind
+    assert studies.scale("atlas", "cpu")["n_prompts"] == 100
+    with pytest.raises(studies.StudyError, match="study 'atlas_attacks' has no scale for profile 'paper'"):
+        studies.grid("atlas_attacks", "paper")
+    with pytest.raises(studies.StudyError, match="plan of its own"):
+        studies.grid("runtime", "ci")

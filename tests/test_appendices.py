@@ -36,7 +36,7 @@ def test_synthetic_rows_are_in_longbench_format(tmp_path):
 
 
 def test_loader_reads_the_data_folder_by_word_bucket(trec_dir):
-    names, real, note = longbench.datasets("cpu")
+    names, real, note = longbench.datasets()
     assert real and names == ["trec_1k", "trec_2k", "trec_3k"] and str(trec_dir) in note
     for bucket, (low, high) in longbench.BUCKETS.items():
         records = data.load_records(f"trec_{bucket}")
@@ -52,7 +52,7 @@ def test_absent_data_is_stated_and_the_synthetic_file_used(tmp_path, monkeypatch
     monkeypatch.setenv("FAIRKV_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
-    names, real, note = longbench.datasets("ci")
+    names, real, note = longbench.datasets(studies.buckets("ci"))
     assert not real and names == ["synthetic_trec_1k"]
     assert note.startswith("REAL DATA ABSENT") and "longbench/trec.jsonl" in note and "not the paper" in note
     with pytest.raises(LongBenchError, match="HF_HUB_OFFLINE is set"):
@@ -64,7 +64,7 @@ def test_bad_input_is_named(trec_dir):
     with pytest.raises(LongBenchError, match="unknown LongBench dataset 'trec_9k'"):
         longbench.load_trec("trec_9k")
     with pytest.raises(LongBenchError, match="unknown bucket"):
-        longbench.datasets("cpu", ["5k"])
+        longbench.datasets(["5k"])
     path = trec_dir / "longbench" / "trec.jsonl"
     path.write_text(path.read_text() + '{"input": "Why?", "context": "x"}\n')
     with pytest.raises(LongBenchError, match=r"trec.jsonl, row 10: not LongBench's format, missing field\(s\) answers"):
@@ -189,9 +189,10 @@ def test_judge_needs_single_token_digits(smollm):
     assert len(set(judge.digit_ids(smollm.tokenizer))) == 5
     with pytest.raises(judge.JudgeError, match="splits the digits"):
         judge.digit_ids(SplitDigits())
-    with pytest.raises(judge.JudgeError, match="unknown profile"):
+    with pytest.raises(studies.StudyError, match="study 'judge' has no scale for profile 'huge'"):
         judge.plan("huge")
-    assert judge.plan("cpu") == ("qwen2.5-coder-1.5b", ("streamingllm",))
+    assert judge.plan("cpu") == judge.Plan("qwen2.5-coder-1.5b", ("streamingllm",), 6, "bfloat16")
+    assert judge.plan("cpu", "smollm2-135m", ["h2o"]).policies == ("h2o",)
 
 
 def test_judge_calibration_set_is_labelled_by_rule(smollm):

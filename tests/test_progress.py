@@ -8,6 +8,7 @@ import time
 
 from fairkv import cli
 from fairkv.core import progress
+from fairkv.runs import studies
 
 
 def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
@@ -81,7 +82,7 @@ def test_describe_and_duration():
 def test_reproduce_says_how_long_before_it_starts():
     notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     assert cli.expected_time("cpu", notebooks).startswith(
-        f"estimated on a 2-core machine for the cpu profile: about {sum(cli.ESTIMATED_MINUTES['cpu'].values())} min"
+        f"estimated on a 2-core machine for the cpu profile: about {sum(studies.MINUTES['cpu'][1].values())} min"
     )
     assert "about 18 min from an empty results store (03: 18 min" in cli.expected_time("cpu", notebooks[3:4])
     assert "about 1 min from an empty results store (03: 0.8 min" in cli.expected_time("ci", notebooks[3:4])

@@ -33,9 +33,6 @@ from fairkv.core.records import read_jsonl
 # LongBench's dataset2prompt["trec"], split at the examples: the instruction and examples form the directive
 INSTRUCTION = "Please determine the type of the question below. Here are some examples of questions."
 BUCKETS = {"1k": (1000, 2000), "2k": (2000, 3000), "3k": (3000, 4000)}  # words (LongBench's ``length``)
-# ci checks the pipeline on the shortest bucket only: eager attention (which H2O needs, and every policy shares so
-# that r = 0 is one cell) prefills a 3-4k-word prompt in about a minute on SmolLM2 and 2 cores
-PROFILE_BUCKETS = {"ci": ("1k",)}
 DATASETS = {f"{prefix}trec_{bucket}" for prefix in ("", "synthetic_") for bucket in BUCKETS}
 FIELDS = ("input", "context", "answers", "length", "all_classes", "_id")
 HUB_REPO, HUB_FILE = "THUDM/LongBench", "data.zip"
@@ -127,10 +124,10 @@ def load_trec(dataset: str, limit: int | None = None) -> list[TrecRecord]:
     return records[:limit] if limit is not None else records
 
 
-def datasets(profile: str, buckets=None) -> tuple[list[str], bool, str]:
-    """The dataset names notebook 08 runs for ``buckets``: the real TREC buckets when LongBench can be read here (None:
-    the profile's, ``PROFILE_BUCKETS``), else the synthetic ones (None: the 1-2k-word bucket); whether they are real;
-    and a sentence saying which (the notebook prints it)."""
+def datasets(buckets=None) -> tuple[list[str], bool, str]:
+    """The dataset names notebook 08 runs for ``buckets`` (a profile's: ``studies.buckets``): the real TREC buckets
+    when LongBench can be read here (None: every bucket), else the synthetic ones (None: the 1-2k-word bucket);
+    whether they are real; and a sentence saying which (the notebook prints it)."""
     unknown = set(buckets or ()) - set(BUCKETS)
     if unknown:
         raise LongBenchError(f"unknown bucket(s) {sorted(unknown)}: use {', '.join(BUCKETS)}")
@@ -143,7 +140,7 @@ def datasets(profile: str, buckets=None) -> tuple[list[str], bool, str]:
             "words bucket): its numbers test the pipeline, not the paper's claims."
         )
         return [f"synthetic_trec_{b}" for b in buckets], False, note
-    buckets = buckets or PROFILE_BUCKETS.get(profile, tuple(BUCKETS))
+    buckets = buckets or tuple(BUCKETS)
     return [f"trec_{b}" for b in buckets], True, f"LongBench TREC from {', '.join(map(str, files))}"
 
 

@@ -19,7 +19,6 @@ older atlas rows.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +34,10 @@ from fairkv.core.presses.kept import PRESS_FAILURES, SEED, press_mask
 from fairkv.core.presses.registry import CATALOG, Entry, runnable
 from fairkv.core.presses.selection import topk_select
 from fairkv.core.progress import note
-from fairkv.runs import experiment, fingerprint, runner
+from fairkv.runs import experiment, fingerprint, runner, studies
 from fairkv.runs.store import ResultsStore
-from fairkv.runs.studies import TEN_RATIOS, results_folder
+from fairkv.runs.studies import results_folder
 
-ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9; r = 0 keeps everything for every press
 SPANS = ("defense", "directive")
 
 
@@ -144,19 +142,11 @@ class Plan:
         return runnable(self.presses)
 
 
-# the atlas's scale per profile (keep rates need no decoding: the cpu profile runs the paper's 100 prompts)
-PLANS: dict[str, Plan] = {
-    "ci": Plan("ci", n_prompts=2, ratios=(0.3, 0.5)),
-    "cpu": Plan("cpu", n_prompts=100, ratios=ATLAS_RATIOS),
-}
-
-
 def plan(profile: str = "ci", **overrides) -> Plan:
-    """The atlas's plan at ``profile`` scale with the notebook's overrides (None values keep the profile's)."""
-    if profile not in PLANS:
-        raise AtlasError(f"no atlas plan for profile {profile!r}: use one of {', '.join(PLANS)}")
+    """The atlas's plan at ``profile`` scale (``studies.STUDIES["atlas"]``) with the notebook's overrides (None values
+    keep the profile's)."""
     explicit = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(PLANS[profile], **explicit)
+    return Plan(profile, **{**studies.scale("atlas", profile), **explicit})
 
 
 def describe(chosen: Plan, rows: pd.DataFrame) -> str:
@@ -275,35 +265,14 @@ def run(
     )
 
 
-# The attack side of the most biased presses with whitelist and fair eviction, at the paper's ratios for Figs 8-9,
-# normal order (the paper's prompt)
-ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)
-ATTACK_SCALE = {"ci": dict(n_prompts=2, ratios=(0.0, 0.5)), "cpu": dict(n_prompts=100, ratios=ATTACK_RATIOS)}
-
-
 def attack_grid(profile: str, policies: list[str], **overrides) -> experiment.Grid:
-    """The attack study of ``policies`` (keys of the press catalogue, ``Entry.key``): base, whitelist and fair, the
-    paper's attack, normal order, at the profile's attack scale (``ATTACK_SCALE``; None overrides keep it)."""
-    if profile not in ATTACK_SCALE:
-        raise AtlasError(f"no atlas attack scale for profile {profile!r}: use one of {', '.join(ATTACK_SCALE)}")
-    explicit = {k: v for k, v in overrides.items() if v is not None}
-    return experiment.profile(
-        profile,
-        **{
-            "policies": tuple(policies),
-            "variants": ("base", "whitelist", "fair"),
-            "queries": ("attack",),
-            "orders": ("normal",),
-            **ATTACK_SCALE[profile],
-            **explicit,
-        },
-    )
+    """The attack side of ``policies`` (keys of the press catalogue, ``Entry.key``): base, whitelist and fair, the
+    paper's attack, normal order, at the profile's scale of ``studies.STUDIES["atlas_attacks"]`` (None overrides keep
+    it)."""
+    return studies.grid("atlas_attacks", profile, policies=tuple(policies), **overrides)
 
 
 __all__ = [
-    "ATLAS_RATIOS",
-    "ATTACK_RATIOS",
-    "PLANS",
     "AtlasError",
     "Job",
     "Plan",

@@ -19,16 +19,17 @@ measured again only when asked (``remeasure``) or when the stored ones belong to
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from fairkv.core import data, generation, models, paths, prompts
-from fairkv.core.presses import MITIGATIONS, POLICIES
+from fairkv.core.presses import MITIGATIONS
 from fairkv.core.progress import Bar
 from fairkv.core.prompts import Prompt
+from fairkv.runs import studies
 
 
 @dataclass(frozen=True)
@@ -45,41 +46,10 @@ class Plan:
     note: str = ""
 
 
-PLANS = {
-    "ci": Plan(
-        "smollm2-135m",
-        ratios=(0.5,),
-        repeats=2,
-        note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline",
-    ),
-    "cpu": Plan(
-        "qwen2.5-coder-1.5b",
-        repeats=10,
-        dtype="bfloat16",
-        note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
-        "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
-        "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
-        "measures all five policies",
-    ),
-    "paper": Plan(
-        "meta-llama/Llama-3.1-8B-Instruct",
-        policies=tuple(POLICIES),
-        ratios=tuple(round(0.1 * i, 1) for i in range(1, 10)),
-        n_prompts=5,
-        repeats=10,
-        new_tokens=256,
-        dtype="bfloat16",
-        note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9",
-    ),
-}
-
-
 def plan(profile: str, **overrides) -> Plan:
-    """The profile's plan with the notebook's overrides (None values are ignored)."""
-    if profile not in PLANS:
-        raise ValueError(f"unknown profile {profile!r}: use one of {', '.join(PLANS)}")
+    """The profile's plan (``studies.STUDIES["runtime"]``) with the notebook's overrides (None values are ignored)."""
     chosen = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
-    return replace(PLANS[profile], **chosen)
+    return Plan(**{**studies.scale("runtime", profile), **chosen})
 
 
 def stored(chosen: Plan, profile: str) -> Path:

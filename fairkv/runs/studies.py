@@ -1,14 +1,16 @@
-"""What each notebook computes: a study names the axes its figures need, a profile sets the scale.
+"""What each notebook computes: a study names its notebook, the axes its figures need, its scale per profile and the
+claims it checks; ``MINUTES`` what each notebook costs. Every scale of the project is here, beside the profiles'
+grids (``experiment.PROFILES``: model, precision, the profile's defaults).
 
 ``grid(study, profile, **overrides)`` layers the configuration: the profile's grid
 (``experiment.PROFILES``), then the study's axes (which orders, variants, lambdas and query kinds the paper's figures
-use), then the profile's scale for that study (``SCALE``: prompts, ratios, policies), then the notebook's explicit
+use), then the study's scale at that profile (``Study.scale``: prompts, ratios, policies), then the notebook's explicit
 papermill overrides (None means "keep"; an explicit ``max_new_tokens`` caps the benign query too). Cells are keyed by
 content, so studies that overlap (the base policy at r = 0.5 appears in notebooks 02, 03, 05 and 06) share their rows
 in the results store and compute them once.
 
 A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
-refined per study by ``SCALE[profile][study]["benign"]``): IFEval answers are long, attack answers short, so at the
+refined per study by ``scale[profile]["benign"]``): IFEval answers are long, attack answers short, so at the
 cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order.
 ``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
 
@@ -17,12 +19,13 @@ Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``resul
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from fairkv.core.paths import results_dir
+from fairkv.core.presses import POLICIES
 from fairkv.runs import experiment
 
 TEN_RATIOS = tuple(round(0.1 * i, 1) for i in range(10))  # the paper's figures: r = 0.0 ... 0.9
@@ -33,139 +36,338 @@ BASE = ("base",)
 TABLE1_RATIOS = (0.4, 0.5, 0.6, 0.7)  # Section 6: Table 1 averages the composite score over these ratios
 
 
+# the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.report.paper: Figs 8 at 0.6,
+# 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
+CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
+CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
+# ci checks the pipeline, not the science (pytest checks SmolLM2's keep rates and Qwen's refusals): the decoding
+# studies on 2 prompts, the fewest that give a claim its interval, so that nbval re-executes every notebook in minutes
+CI_PROMPTS = 2
+ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9; r = 0 keeps everything for every press
+ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the paper's ratios for Figs 8-9
+
+
 @dataclass(frozen=True)
 class Study:
+    """What one part of a notebook computes.
+
+    ``axes``: the grid fields every profile shares (which orders, variants, lambdas and query kinds the paper's figures
+    use). ``scale``: per profile, what sets its size on top of the profile's grid (prompts, ratios, policies; "benign":
+    the benign query's own part, ``BENIGN_SIDE``) or, for the studies that are not a grid of the sweep (the atlas's
+    keep rates, the runtime, the judge), the fields of their plan. ``claims``: the function of
+    ``fairkv.report.paper`` that reads its rows into the paper's claims. ``sweep``: a grid of the paper's sweep
+    (``run``); the others have a scale only at the profiles listed."""
+
     notebook: str
     reproduces: str
-    axes: dict  # grid fields every profile shares for this study
+    axes: dict = field(default_factory=dict)
+    scale: dict[str, dict] = field(default_factory=dict)
+    claims: str = ""
+    sweep: bool = True
 
 
 STUDIES: dict[str, Study] = {
     "degradation": Study(
-        "01", "Pitfall 1: Fig 2a-b", dict(policies=("streamingllm",), variants=BASE, queries=("benign",), orders=NORMAL)
+        "01",
+        "Pitfall 1: Fig 2a-b",
+        dict(policies=("streamingllm",), variants=BASE, queries=("benign",), orders=NORMAL),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS),
+            "cpu": dict(n_prompts=50, ratios=TEN_RATIOS),
+            # the paper scores IFEval on all 539 records of sys_ifeval (leakage on the first 100 of the shuffled set)
+            "paper": dict(dataset="sys_ifeval", n_prompts=None),
+        },
+        "pitfall1",
     ),
-    "policies": Study("02", "Pitfall 2: Fig 3", dict(variants=BASE, queries=("benign",), orders=NORMAL)),
-    "leakage": Study("03", "Pitfalls 3-4: Figs 4, 5, 6", dict(orders=BOTH_ORDERS, variants=BASE)),
-    "keep_rates": Study("04", "Pitfall 5: Figs 7, 10", dict(orders=BOTH_ORDERS, variants=BASE, queries=("keep",))),
-    "whitelist": Study("05", "Whitelisting: Figs 8, 13 (left)", dict(variants=("base", "whitelist"))),
-    "fair": Study("06", "Fair eviction: Figs 9, 13 (right), Table 1", dict(variants=("base", "whitelist", "fair"))),
+    "policies": Study(
+        "02",
+        "Pitfall 2: Fig 3",
+        dict(variants=BASE, queries=("benign",), orders=NORMAL),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS),
+            "cpu": dict(n_prompts=50),
+            "paper": dict(dataset="sys_ifeval", n_prompts=None),
+        },
+        "pitfall2",
+    ),
+    "leakage": Study(
+        "03",
+        "Pitfalls 3-4: Figs 4, 5, 6",
+        dict(orders=BOTH_ORDERS, variants=BASE),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS),
+            "cpu": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",))),
+            "paper": dict(n_prompts=100),
+        },
+        "pitfalls3_4",
+    ),
+    # keep rates need no decoding, so even the small profiles afford many prompts and all ten ratios
+    "keep_rates": Study(
+        "04",
+        "Pitfall 5: Figs 7, 10",
+        dict(orders=BOTH_ORDERS, variants=BASE, queries=("keep",)),
+        {
+            "ci": dict(n_prompts=8, ratios=TEN_RATIOS),
+            "cpu": dict(ratios=TEN_RATIOS),
+            "paper": dict(n_prompts=100),
+        },
+        "pitfall5",
+    ),
+    # Figs 8-9 and Table 1 are normal order at the cpu profile (Fig 14, flipped, is fair_flipped's); accuracy at
+    # Table 1's ratios; at the paper's scale the whitelist no longer fits the budget beyond r = 0.7 (Section 5.1)
+    "whitelist": Study(
+        "05",
+        "Whitelisting: Figs 8, 13 (left)",
+        dict(variants=("base", "whitelist")),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+            "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
+        },
+        "whitelisting",
+    ),
+    "fair": Study(
+        "06",
+        "Fair eviction: Figs 9, 13 (right), Table 1",
+        dict(variants=("base", "whitelist", "fair")),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+            "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
+        },
+        "fair_eviction",
+    ),
     "fair_flipped": Study(
-        "06", "Fair eviction, flipped order: Fig 14", dict(orders=("flipped",), variants=("base", "fair"))
+        "06",
+        "Fair eviction, flipped order: Fig 14",
+        dict(orders=("flipped",), variants=("base", "fair")),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
+            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))),
+            "paper": dict(n_prompts=100),
+        },
+        "fair_eviction",
     ),
-    "debias": Study("07", "Debiasing: Figs 15-16, Table 3", dict(variants=("fair",), lams=LAMBDAS)),
-    # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.core.longbench); LongBench
-    # generates at most 64 tokens for TREC
+    # Appendix G-H, Figs 15-18; at the cpu profile StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage
+    # at every point
+    "debias": Study(
+        "07",
+        "Debiasing: Figs 15-16, Table 3",
+        dict(variants=("fair",), lams=LAMBDAS),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
+            "cpu": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
+            "paper": dict(n_prompts=100),
+        },
+        "debiasing",
+    ),
+    # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.core.longbench;
+    # "buckets": the profile's, all three where absent); LongBench generates at most 64 tokens for TREC. ci checks
+    # the pipeline on the shortest bucket only: eager attention (which H2O needs, and every policy shares so that
+    # r = 0 is one cell) prefills a 3-4k-word prompt in about a minute on SmolLM2 and 2 cores. At the cpu profile
+    # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies, 50 prompts
     "trec": Study(
-        "08", "LongBench TREC: Figs 19-22", dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64)
+        "08",
+        "LongBench TREC: Figs 19-22",
+        dict(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64),
+        {
+            "ci": dict(
+                n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16, buckets=("1k",)
+            ),
+            "cpu": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
+            "paper": dict(n_prompts=None, ratios=TEN_RATIOS),
+        },
+        "trec",
     ),
     # Appendices G-H on LongBench TREC (the first bucket): SnapKV and TOVA, lambda 0-1
     "trec_debias": Study(
         "08",
         "LongBench TREC debiasing: Figs 17-18, Table 4",
         dict(dataset="trec_1k", variants=("fair",), lams=LAMBDAS, policies=("snapkv", "tova"), benign_tokens=64),
+        {
+            "ci": dict(
+                n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0), benign_tokens=16
+            ),
+            "cpu": dict(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
+            "paper": dict(n_prompts=None, ratios=TEN_RATIOS),
+        },
+        "debiasing",
     ),
-    # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.core.multispan); compliance needs the benign query only
+    # Appendix K: the runtime plan's fields (``fairkv.runs.runtime.Plan``); benchmarks/runtime.py measures all five
+    # policies at the cpu profile
+    "runtime": Study(
+        "09",
+        "Runtime: Figs 23-24",
+        scale={
+            "ci": dict(
+                model="smollm2-135m",
+                ratios=(0.5,),
+                repeats=2,
+                note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline",
+            ),
+            "cpu": dict(
+                model="qwen2.5-coder-1.5b",
+                repeats=10,
+                dtype="bfloat16",
+                note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
+                "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
+                "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
+                "measures all five policies",
+            ),
+            "paper": dict(
+                model="meta-llama/Llama-3.1-8B-Instruct",
+                policies=tuple(POLICIES),
+                ratios=TEN_RATIOS[1:],
+                n_prompts=5,
+                repeats=10,
+                new_tokens=256,
+                dtype="bfloat16",
+                note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9",
+            ),
+        },
+        claims="runtime",
+        sweep=False,
+    ),
+    # Appendix L: the judge, the policies whose attack responses it rates (the rows come from the "fair" study: base,
+    # whitelist and fair eviction), the directives of its calibration set (six labelled responses each) and its
+    # precision (bfloat16 where the profile's model runs in it; a stored score names its judge's precision). On 2 CPU
+    # cores the judge reads about 80 prompt tokens/s (Qwen, fp32), so the cpu profile judges StreamingLLM, the paper's
+    # headline policy, and ci uses SmolLM2 on two directives to check the pipeline.
+    "judge": Study(
+        "10",
+        "LLM judge: Figs 25-26",
+        scale={
+            "ci": dict(judge="smollm2-135m", policies=("streamingllm",), calibration_prompts=2, dtype="float32"),
+            "cpu": dict(
+                judge="qwen2.5-coder-1.5b", policies=("streamingllm",), calibration_prompts=6, dtype="bfloat16"
+            ),
+            "paper": dict(
+                judge="qwen2.5-coder-1.5b",
+                policies=("streamingllm", "h2o", "snapkv", "tova", "knorm"),
+                calibration_prompts=6,
+                dtype="bfloat16",
+            ),
+        },
+        claims="judge",
+        sweep=False,
+    ),
+    # notebook 11 at the cpu profile: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per
+    # attack category, 50 per defense template; at ci its fewest points, short answers: the attack study's cost is
+    # its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one has 412
+    # tokens), so 8 at a time
+    # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.core.multispan); compliance needs the benign
+    # query only
     "spans": Study(
         "11",
         "beyond the paper: N instruction spans",
         dict(dataset="spans_2", variants=("base", "fair"), queries=("benign",)),
+        {
+            "ci": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
+            "cpu": dict(
+                n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
+            ),
+            "paper": dict(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
+        },
+        "beyond",
     ),
     # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries)
-    "attacks": Study("11", "beyond the paper: many attacks", dict(variants=("base", "whitelist", "fair"))),
-    # one defense template per run (the notebook passes template=...); the paper's attack
-    "defenses": Study("11", "beyond the paper: defense strength", dict(variants=("base", "fair"), queries=("attack",))),
+    "attacks": Study(
+        "11",
+        "beyond the paper: many attacks",
+        dict(variants=("base", "whitelist", "fair")),
+        {
+            "ci": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
+            "cpu": dict(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
+            "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
+        },
+        "beyond",
+    ),
+    # one defense template per run (the notebook passes template=...); the paper's attack. At the cpu profile 64
+    # answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
+    # prompts held until its batch drains) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v)
+    "defenses": Study(
+        "11",
+        "beyond the paper: defense strength",
+        dict(variants=("base", "fair"), queries=("attack",)),
+        {
+            "ci": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
+            "cpu": dict(
+                n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, batch_size=64
+            ),
+            "paper": dict(n_prompts=100, ratios=TEN_RATIOS),
+        },
+        "beyond",
+    ),
+    # the atlas's keep rates (``fairkv.runs.atlas.Plan``'s fields): no decoding, so the cpu profile runs the paper's
+    # 100 prompts
+    "atlas": Study(
+        "12",
+        "beyond the paper: the press atlas's keep rates",
+        scale={"ci": dict(n_prompts=2, ratios=(0.3, 0.5)), "cpu": dict(n_prompts=100, ratios=ATLAS_RATIOS)},
+        claims="press_atlas",
+        sweep=False,
+    ),
+    # the attack side of the most biased presses, with whitelist and fair eviction (``atlas.attack_grid``)
+    "atlas_attacks": Study(
+        "12",
+        "beyond the paper: the most biased presses under the attack",
+        dict(variants=("base", "whitelist", "fair"), queries=("attack",), orders=NORMAL),
+        {"ci": dict(n_prompts=2, ratios=(0.0, 0.5)), "cpu": dict(n_prompts=100, ratios=ATTACK_RATIOS)},
+        "press_atlas",
+        sweep=False,
+    ),
 }
+SWEEPS = tuple(name for name, chosen in STUDIES.items() if chosen.sweep)  # the paper's studies, run by ``run``
 
-# defense templates of RaccoonBench with all their text before the directive, from weak to strong (12, 56 and 335
-# words); templates with text on both sides of the directive have no single defense span. The refusal rate counts the
-# standard template's scripted reply and its variants (metrics.is_refusal); a reply another template scripts (the
-# GptInfinite template's "ACCESS DENIED") counts as "other", so read its leakage beside its refusal rate
-DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
-
-# the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.report.paper: Figs 8 at 0.6,
-# 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
-CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
-CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
-CI_PROMPTS = 2
-
-# The benign (IFEval) query's own part of a study's grid, per profile (``SCALE[profile][study]["benign"]`` refines it):
-# at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy side
-# runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped order.
+# The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
+# it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy
+# side runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped
+# order.
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
-# How big each study is in each profile (on top of the profile's grid). Keep rates need no decoding, so even the
-# small profiles afford many prompts and all ten ratios there.
-SCALE: dict[str, dict[str, dict]] = {
-    # ci checks the pipeline, not the science (pytest checks SmolLM2's keep rates and Qwen's refusals): the decoding
-    # studies on 2 prompts, the fewest that give a claim its interval, so that nbval re-executes every notebook in
-    # minutes
-    "ci": {
-        "degradation": dict(n_prompts=CI_PROMPTS),
-        "policies": dict(n_prompts=CI_PROMPTS),
-        "leakage": dict(n_prompts=CI_PROMPTS),
-        "whitelist": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-        "fair": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-        "fair_flipped": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
-        "trec": dict(n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16),
-        "trec_debias": dict(
-            n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0), benign_tokens=16
-        ),
-        # notebook 11 at the cpu profile's policy (StreamingLLM) and fewest points, short answers: the attack study's
-        # cost is its 30 RaccoonBench attacks over every cache, read in batches padded to their longest attack (one
-        # has 412 tokens), so 8 at a time
-        "spans": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
-        "attacks": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
-        "defenses": dict(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
-        "keep_rates": dict(n_prompts=8, ratios=TEN_RATIOS),
-        "debias": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
-    },
-    # Rows cost by kind (bfloat16, batch 128, measured here): an IFEval answer 0.71 s, an attack answer 0.22 s.
-    # The attack side of every paper study runs on 100 prompts; its benign side on 50 (BENIGN_SIDE), in the flipped
-    # order only for StreamingLLM, the policy the order claims read.
-    "cpu": {
-        "degradation": dict(n_prompts=50, ratios=TEN_RATIOS),
-        "policies": dict(n_prompts=50),
-        "leakage": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",))),
-        "keep_rates": dict(ratios=TEN_RATIOS),
-        # Figs 8-9 and Table 1 are normal order (Fig 14, flipped, is fair_flipped's); accuracy at Table 1's ratios
-        "whitelist": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
-        "fair": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
-        "fair_flipped": dict(
-            ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))
-        ),
-        # Appendix G-H, Figs 15-18: StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage at every point
-        "debias": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
-        # Qwen's eager prefill of a 1-2k-word prompt and 2k-token caches dominate: two policies, 50 prompts
-        "trec": dict(n_prompts=50, orders=NORMAL, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
-        "trec_debias": dict(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
-        # notebook 11: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per attack category,
-        # 50 per defense template
-        "spans": dict(
-            n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
-        ),
-        "attacks": dict(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
-        # 64 answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
-        # prompts held until its batch drains) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v)
-        "defenses": dict(
-            n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, batch_size=64
-        ),
-    },
-    "paper": {
-        # the paper scores IFEval on all 539 records of sys_ifeval and leakage on the first 100 of the shuffled set
-        "degradation": dict(dataset="sys_ifeval", n_prompts=None),
-        "policies": dict(dataset="sys_ifeval", n_prompts=None),
-        "leakage": dict(n_prompts=100),
-        "keep_rates": dict(n_prompts=100),
-        "whitelist": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),  # the whitelist no longer fits the budget beyond
-        "fair": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),  # r = 0.7 (Section 5.1)
-        "fair_flipped": dict(n_prompts=100),
-        "debias": dict(n_prompts=100),
-        "trec": dict(n_prompts=None, ratios=TEN_RATIOS),
-        "trec_debias": dict(n_prompts=None, ratios=TEN_RATIOS),
-        "spans": dict(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
-        "attacks": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
-        "defenses": dict(n_prompts=100, ratios=TEN_RATIOS),
-    },
+# Wall minutes of each notebook on this repository's 2-core machine from an empty results store. ci: measured per
+# notebook (executed one after another with the running decode batch). cpu: estimated per notebook at its current
+# scale from the rows each adds (cells an earlier notebook computed are not counted again) times the costs per row
+# measured on its first rows (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer
+# 0.22 s); 08 and 10 from their earlier measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates
+# from an empty store, then the attack side of its presses) measured. Rows already in the store cost nothing.
+MINUTES: dict[str, tuple[str, dict[str, float]]] = {
+    "ci": (
+        "measured",
+        {
+            "00": 0.8,
+            "01": 0.4,
+            "02": 0.6,
+            "03": 0.8,
+            "04": 0.3,
+            "05": 0.8,
+            "06": 1.0,
+            "07": 0.4,
+            "08": 0.5,
+            "09": 0.7,
+            "10": 0.8,
+            "11": 3.0,
+            "12": 0.6,
+        },
+    ),
+    "cpu": (
+        "estimated",
+        {
+            "00": 1,
+            "01": 6,
+            "02": 10,
+            "03": 18,
+            "04": 5,
+            "05": 29,
+            "06": 38,
+            "07": 39,
+            "08": 10,
+            "09": 5,
+            "10": 35,
+            "11": 18,
+            "12": 83,
+        },
+    ),
 }
 
 
@@ -179,16 +381,42 @@ def study(name: str) -> Study:
     return STUDIES[name]
 
 
+def scale(name: str, profile: str) -> dict:
+    """Study ``name``'s scale at ``profile`` (an error naming the profiles it has when it has none there)."""
+    chosen = study(name)
+    if profile not in chosen.scale:
+        raise StudyError(f"study {name!r} has no scale for profile {profile!r}: use one of {', '.join(chosen.scale)}")
+    return dict(chosen.scale[profile])
+
+
+def expected_minutes(profile: str, notebooks: list[str]) -> tuple[str, dict[str, float]] | None:
+    """("measured" / "estimated", minutes per notebook number) of ``notebooks`` at ``profile`` (``MINUTES``), None
+    for a profile not timed here."""
+    if profile not in MINUTES:
+        return None
+    kind, minutes = MINUTES[profile]
+    return kind, {n: minutes[n] for n in notebooks if n in minutes}
+
+
+def buckets(profile: str) -> tuple[str, ...] | None:
+    """The LongBench TREC word buckets notebook 08 runs at ``profile`` (None: every bucket)."""
+    return study("trec").scale.get(profile, {}).get("buckets")
+
+
 def _layers(name: str, profile: str, overrides: dict) -> tuple[experiment.Grid, dict, dict]:
-    axes = study(name).axes
+    chosen = study(name)
+    if not chosen.axes:
+        raise StudyError(f"study {name!r} is a plan of its own, not a grid (see its module)")
+    axes = chosen.axes
     base = experiment.profile(profile)
-    scale = dict(SCALE.get(profile, {}).get(name, {}))
-    benign_side = {**BENIGN_SIDE.get(profile, {}), **scale.pop("benign", {})}
+    sized = dict(chosen.scale.get(profile, {})) if chosen.sweep else scale(name, profile)
+    sized.pop("buckets", None)  # which datasets to run (``buckets``), not a grid field
+    benign_side = {**BENIGN_SIDE.get(profile, {}), **sized.pop("benign", {})}
     explicit = {k: v for k, v in overrides.items() if v is not None}
-    benign = {**axes, **scale}.get("benign_tokens", base.benign_tokens)
+    benign = {**axes, **sized}.get("benign_tokens", base.benign_tokens)
     if "max_new_tokens" in explicit and "benign_tokens" not in explicit and benign:
         explicit["benign_tokens"] = min(benign, explicit["max_new_tokens"])  # an explicit budget caps every query
-    return base.with_overrides(**{**axes, **scale, **explicit}), benign_side, explicit
+    return base.with_overrides(**{**axes, **sized, **explicit}), benign_side, explicit
 
 
 def grid(name: str, profile: str = "ci", **overrides) -> experiment.Grid:
