@@ -1,7 +1,7 @@
 """Where a sweep's tasks run: in this process (``Serial``) or spread over a Ray cluster (``RayExecutor``).
 
-Both take the same tasks from ``experiment.run`` (a task is a group of prompts with all their missing settings and
-queries, so a prompt's one prefill serves all of them) and yield each task's rows; the driver alone appends them to
+Both take the same tasks from ``runner.run`` (for a grid, a task is a group of prompts with all their missing settings
+and queries, so a prompt's one prefill serves all of them) and yield each task's rows; the driver alone appends them to
 the results store, so the store's guarantees hold whatever the executor: no duplicate (the driver drops rows already
 stored), nothing lost (a task's rows land whole once it returns; a task whose worker dies is retried on the restarted
 worker; a killed driver loses only tasks in flight, and a rerun computes only those).
@@ -78,13 +78,10 @@ class _Worker:
     """A Ray actor: loads the job's model once, then computes the tasks it is given."""
 
     def __init__(self, job, device: str | None):
-        here = fingerprint.versions()
-        if here != job.versions:
-            changed = {
-                k: (job.versions.get(k), here.get(k))
-                for k in set(here) | set(job.versions)
-                if here.get(k) != job.versions.get(k)
-            }
+        # the versions every row carries (the atlas's own stamp aside; the judge's scores carry none)
+        here, driver = fingerprint.versions(), job.versions or {}
+        changed = {k: (driver.get(k), here[k]) for k in here if driver and driver.get(k) != here[k]}
+        if changed:
             raise ExecutorError(
                 f"worker on {os.uname().nodename} has other library versions (driver, worker): "
                 f"{changed}; install the same fairkv environment on every node"

@@ -1,18 +1,23 @@
 """Declarative sweeps: a grid of settings run prompt by prompt into the results store, resumable at any point.
 
-A ``Grid`` names the model, a slice of sys_ifeval, orders, policies, variants, lambdas, ratios and query kinds. Each
-(prompt, order, setting, query) is one row of the store, keyed by a hash of what determines it (model checksum,
-int8, prompt, setting, query, max_new_tokens, metrics version), so a cell requested by two notebooks or twice by one
-is computed once. Settings are canonical: r = 0 is one cell ("none") shared by every policy and variant, fair with
-lam = 0 is the base selection, and lam only matters for fair variants.
+A ``Grid`` names the model, a slice of sys_ifeval, orders, policies (any press of the catalogue,
+``presses.registry.PRESSES``), variants, lambdas, ratios and query kinds. Each (prompt, order, setting, query) is one
+row of the store, keyed by a hash of what determines it (model checksum, int8, prompt, setting, query,
+max_new_tokens, metrics version), so a cell requested by two notebooks or twice by one is computed once. Settings
+are canonical: r = 0 is one cell ("none") shared by every policy and variant, fair with lam = 0 is the base selection,
+and lam only matters for fair variants.
 
-Per prompt and order: one prefill scores every policy (``score_once.prefill``); each missing setting is cut from it
-(``score_once.cut``). Prompts go in groups that fill a few decode batches; the group's missing (cache, query) pairs decode
-in one running batch (``generation.answer_batch``) and its rows are appended together, so a killed run loses at most
-the group in progress and recomputes nothing finished.
+``run`` hands the grid's cells to the one runner (``fairkv.runs.runner``) as a ``Job``. Per prompt and order each
+missing setting is built by its press's backend: the score-once presses from one prefill that scores them all
+(``score_once.prefill``, each setting cut from it by ``score_once.cut``), the per-setting ones by each press's own
+``compress`` on one prefill (``per_setting.compressed``). Prompts go in groups that fill a few decode batches; the
+group's missing (cache, query) pairs decode in one running batch (``generation.answer_batch``; the per-setting caches
+in one of their own, with masked heads) and its rows are appended together, so a killed run loses at most the group
+in progress and recomputes nothing finished.
 
 Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
-Qwen2.5-Coder-1.5B on a 2-core CPU in bfloat16), ``paper`` (the paper's scale, a Hugging Face model on a GPU).
+Qwen2.5-Coder-1.5B on a 2-core CPU in bfloat16), ``paper`` (the paper's scale, a Hugging Face model on a GPU); each
+study's scale on top of them is ``fairkv.runs.studies``'.
 """
 
 from __future__ import annotations
