@@ -107,7 +107,7 @@ def estimate(profile: str) -> None:
 
 def measured(profile: str) -> None:
     """Mean new tokens and the share of answers at their cap per query, over the profile's stored sweep rows."""
-    grid = experiment.PROFILES[profile]
+    grid = studies.PROFILES[profile]
     store = ResultsStore(studies.results_folder(profile) / f"{grid.model}.jsonl")
     rows = [row for row in store.rows().values() if row.get("query") in ("benign", "attack")]
     if not rows:

@@ -1,6 +1,8 @@
 """The paper's derived quantities on hand-worked examples (expected numbers written out), and the studies' grids."""
 
+import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -601,7 +603,7 @@ def test_every_study_grid_in_every_profile(name, profile):
 
 
 def test_the_grid_table_covers_every_study_and_profile():
-    assert set(GRIDS) == {(name, profile) for name in studies.SWEEPS for profile in experiment.PROFILES}
+    assert set(GRIDS) == {(name, profile) for name in studies.SWEEPS for profile in studies.PROFILES}
 
 
 def test_the_benign_side_runs_on_its_own_part_of_the_grid():
@@ -653,7 +655,7 @@ def test_describe_says_what_the_rows_hold_and_the_papers_grid():
 
 def test_study_overrides_and_errors():
     assert studies.grid("leakage", "ci", n_prompts=2, ratios=None).n_prompts == 2
-    assert studies.grid("leakage", "ci", ratios=None).ratios == experiment.PROFILES["ci"].ratios
+    assert studies.grid("leakage", "ci", ratios=None).ratios == studies.PROFILES["ci"].ratios
     assert studies.grid("keep_rates", "ci").queries == ("keep",)
     with pytest.raises(studies.StudyError, match="unknown study 'fig99'"):
         studies.grid("fig99")
@@ -733,6 +735,13 @@ def test_every_study_names_the_claims_its_notebook_checks_and_every_notebook_is_
         assert f"paper.{chosen.claims}(" in notebook.read_text(), (name, notebook.name)
     for kind, minutes in studies.MINUTES.values():
         assert set(minutes) == {nb.name[:2] for nb in notebooks}, kind
+    for notebook in notebooks[1:]:  # 00, the quickstart, runs no study
+        code = "".join(
+            "".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"
+        )
+        written = set(re.findall(r'"(\d\d_[a-z0-9_]+)"', code))
+        declared = [f for s in studies.STUDIES.values() if s.notebook == notebook.name[:2] for f in s.figures]
+        assert sorted(declared) == sorted(written), notebook.name  # each written once, by one study
     assert studies.scale("atlas", "cpu")["n_prompts"] == 100
     with pytest.raises(studies.StudyError, match="study 'atlas_attacks' has no scale for profile 'paper'"):
         studies.grid("atlas_attacks", "paper")

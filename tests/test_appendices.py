@@ -135,7 +135,7 @@ def test_runtime_plans_time_enough_repeats_to_decide_at_their_profiles_precision
     for name in ("cpu", "paper"):
         chosen = runtime.plan(name)
         assert chosen.repeats >= verdicts.MIN_BOOTSTRAP
-        assert chosen.dtype == experiment.profile(name).dtype
+        assert chosen.dtype == studies.profile(name).dtype
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from fairkv.core import metrics, prompts, score_once
 from fairkv.core.presses import registry
 from fairkv.core.presses.registry import PER_SETTING, SCORE_ONCE, runnable
 from fairkv.core.presses.scoring import LOCAL_SCORERS, ranking_scores, shift_keys, span_as_prompt, span_local_scores
-from fairkv.runs import experiment, fingerprint
+from fairkv.runs import experiment, fingerprint, studies
 
 SCORERS = [e.key for e in runnable() if not e.paper and e.backend == SCORE_ONCE]
 
@@ -137,7 +137,7 @@ def test_the_catalogue_scorers_take_the_variants_in_the_engine(smollm, normal_pr
 
 
 def test_rows_of_a_catalogue_press_carry_the_sweeps_fingerprint(smollm, tmp_path):
-    grid = experiment.profile(
+    grid = studies.profile(
         "ci", n_prompts=1, policies=("keydiff",), ratios=(0.5,), queries=("keep",), variants=("base", "fair")
     )
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fairkv.core import score_once
-from fairkv.runs import experiment
+from fairkv.runs import experiment, studies
 from fairkv.runs.experiment import GridError, Setting, canonical
 from fairkv.runs.store import ResultsStore, StoreError
 
@@ -82,13 +82,13 @@ def test_store_rejects_another_schema(tmp_path):
 
 
 def test_profiles_and_bad_grids():
-    assert experiment.profile("ci").model == "smollm2-135m"
-    assert experiment.profile("cpu").model == "qwen2.5-coder-1.5b" and experiment.profile("cpu").note
-    assert experiment.profile("ci", n_prompts=2).n_prompts == 2
+    assert studies.profile("ci").model == "smollm2-135m"
+    assert studies.profile("cpu").model == "qwen2.5-coder-1.5b" and studies.profile("cpu").note
+    assert studies.profile("ci", n_prompts=2).n_prompts == 2
     with pytest.raises(GridError, match="unknown profile"):
-        experiment.profile("laptop")
+        studies.profile("laptop")
     with pytest.raises(GridError, match="unknown grid parameter"):
-        experiment.profile("ci", n_promts=2)
+        studies.profile("ci", n_promts=2)
     with pytest.raises(GridError, match="unknown query kind"):
         tiny(queries=("benign", "jailbreak"))
     with pytest.raises(ValueError, match="outside"):

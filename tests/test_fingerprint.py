@@ -78,7 +78,7 @@ def test_code_no_row_reaches_keeps_it(package):
     before = prints()
     edit(package / "report" / "press_patterns.py", "def pattern(table", "def pattern_renamed(table")
     edit(package / "runs" / "atlas.py", "def describe(chosen: Plan, rows", "def describe(chosen, rows")
-    edit(package / "runs" / "experiment.py", 'f"unknown profile {name!r}', 'f"no profile {name!r}')
+    edit(package / "runs" / "studies.py", 'f"unknown profile {name!r}', 'f"no profile {name!r}')
     assert prints() == before
     edit(
         package / "runs" / "atlas.py",

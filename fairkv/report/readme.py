@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from fairkv.report import coverage, paper, verdicts
-from fairkv.runs import experiment
+from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
 BEGIN = "<!-- results: written by `fairkv reproduce` from figures/cpu/ (fairkv.report.readme); edit the code, not this text -->"
@@ -114,7 +114,7 @@ def _cell(folder: Path, name: str, row: dict, column: str) -> str:
 
 def confounds(folder: Path, profile: str) -> list[str]:
     """What besides the claimed mechanism moves our numbers, each with its number from its table."""
-    grid = experiment.PROFILES[profile]
+    grid = studies.PROFILES[profile]
     cap = grid.benign_tokens or grid.max_new_tokens
     refused = _cell(folder, "03_fig4_benign_refusals", {"policy": "streamingllm"}, "0.0")
     shares = _table(folder, "03_fig4_capped").set_index("policy").loc["streamingllm"]
@@ -145,7 +145,7 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent
     claims = paper_claims(folder)
-    grid = experiment.PROFILES[profile]
+    grid = studies.PROFILES[profile]
     parts = [
         f"On the `{profile}` profile ({grid.note}).",
         "",

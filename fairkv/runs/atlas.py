@@ -136,7 +136,7 @@ class Plan:
 
     @property
     def grid(self) -> experiment.Grid:
-        return experiment.profile(self.profile)
+        return studies.profile(self.profile)
 
     def entries(self) -> list[Entry]:
         return runnable(self.presses)

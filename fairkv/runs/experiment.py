@@ -15,9 +15,7 @@ group's missing (cache, query) pairs decode in one running batch (``generation.a
 in one of their own, with masked heads) and its rows are appended together, so a killed run loses at most the group
 in progress and recomputes nothing finished.
 
-Profiles (``PROFILES``) are named grids: ``ci`` (SmolLM2, a few prompts, minutes), ``cpu`` (the embedded
-Qwen2.5-Coder-1.5B on a 2-core CPU in bfloat16), ``paper`` (the paper's scale, a Hugging Face model on a GPU); each
-study's scale on top of them is ``fairkv.runs.studies``'.
+The profiles' grids (``ci``, ``cpu``, ``paper``) and each study's scale on top of them are ``fairkv.runs.studies``'.
 """
 
 from __future__ import annotations
@@ -145,52 +143,6 @@ class Grid:
             raise GridError(f"unknown grid parameter(s) {sorted(unknown)}")
         tuples = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
         return dataclasses.replace(self, **tuples)
-
-
-PROFILES: dict[str, Grid] = {
-    "ci": Grid(
-        n_prompts=4,
-        ratios=(0.0, 0.3, 0.5, 0.7),
-        max_new_tokens=32,
-        note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
-    ),
-    "cpu": Grid(
-        model="qwen2.5-coder-1.5b",
-        n_prompts=100,
-        orders=("normal", "flipped"),
-        ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
-        max_new_tokens=128,
-        benign_tokens=256,
-        variants=("base", "whitelist", "fair"),
-        dtype="bfloat16",
-        batch_size=128,
-        note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
-        "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
-        "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
-        "(paper: 1280, so instructions that need longer answers can fail at every ratio); 128 new tokens for the "
-        "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
-        "ratios their claims read (0.4, 0.6)",
-    ),
-    "paper": Grid(
-        model="meta-llama/Llama-3.1-8B-Instruct",
-        n_prompts=None,
-        orders=("normal", "flipped"),
-        variants=("base", "whitelist", "fair"),
-        ratios=tuple(round(0.1 * i, 1) for i in range(10)),
-        max_new_tokens=256,
-        benign_tokens=1280,
-        dtype="bfloat16",
-        batch_size=16,
-        note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens, bfloat16; needs a GPU",
-    ),
-}
-
-
-def profile(name: str, **overrides) -> Grid:
-    """A named profile, with explicit overrides (the layer notebooks and the CLI use)."""
-    if name not in PROFILES:
-        raise GridError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
-    return PROFILES[name].with_overrides(**overrides)
 
 
 def cell_id(identity: dict) -> str:

@@ -1,9 +1,9 @@
 """What each notebook computes: a study names its notebook, the axes its figures need, its scale per profile and the
 claims it checks; ``MINUTES`` what each notebook costs. Every scale of the project is here, beside the profiles'
-grids (``experiment.PROFILES``: model, precision, the profile's defaults).
+grids (``PROFILES``: model, precision, the profile's defaults).
 
 ``grid(study, profile, **overrides)`` layers the configuration: the profile's grid
-(``experiment.PROFILES``), then the study's axes (which orders, variants, lambdas and query kinds the paper's figures
+(``PROFILES``), then the study's axes (which orders, variants, lambdas and query kinds the paper's figures
 use), then the study's scale at that profile (``Study.scale``: prompts, ratios, policies), then the notebook's explicit
 papermill overrides (None means "keep"; an explicit ``max_new_tokens`` caps the benign query too). Cells are keyed by
 content, so studies that overlap (the base policy at r = 0.5 appears in notebooks 02, 03, 05 and 06) share their rows
@@ -36,6 +36,55 @@ BASE = ("base",)
 TABLE1_RATIOS = (0.4, 0.5, 0.6, 0.7)  # Section 6: Table 1 averages the composite score over these ratios
 
 
+# The profiles: named grids whose model, precision and defaults every study starts from. ``ci`` (SmolLM2, a few
+# prompts, minutes), ``cpu`` (the embedded Qwen2.5-Coder-1.5B on a 2-core CPU in bfloat16), ``paper`` (the paper's
+# scale, a Hugging Face model on a GPU).
+PROFILES: dict[str, experiment.Grid] = {
+    "ci": experiment.Grid(
+        n_prompts=4,
+        ratios=(0.0, 0.3, 0.5, 0.7),
+        max_new_tokens=32,
+        note="SmolLM2-135M, 4 prompts, 4 ratios, 32 new tokens: checks the pipeline in minutes, not the science",
+    ),
+    "cpu": experiment.Grid(
+        model="qwen2.5-coder-1.5b",
+        n_prompts=100,
+        orders=("normal", "flipped"),
+        ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
+        max_new_tokens=128,
+        benign_tokens=256,
+        variants=("base", "whitelist", "fair"),
+        dtype="bfloat16",
+        batch_size=128,
+        note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
+        "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
+        "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
+        "(paper: 1280, so instructions that need longer answers can fail at every ratio); 128 new tokens for the "
+        "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
+        "ratios their claims read (0.4, 0.6)",
+    ),
+    "paper": experiment.Grid(
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        n_prompts=None,
+        orders=("normal", "flipped"),
+        variants=("base", "whitelist", "fair"),
+        ratios=tuple(round(0.1 * i, 1) for i in range(10)),
+        max_new_tokens=256,
+        benign_tokens=1280,
+        dtype="bfloat16",
+        batch_size=16,
+        note="the paper's scale: all 539 prompts, both orders, 10 ratios, 1280 / 256 new tokens, bfloat16; needs a GPU",
+    ),
+}
+
+
+def profile(name: str, **overrides) -> experiment.Grid:
+    """A named profile, with explicit overrides (the layer notebooks and the CLI use)."""
+    if name not in PROFILES:
+        raise experiment.GridError(f"unknown profile {name!r}: use one of {', '.join(PROFILES)}")
+    return PROFILES[name].with_overrides(**overrides)
+
+
 # the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.report.paper: Figs 8 at 0.6,
 # 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -55,7 +104,9 @@ class Study:
     use). ``scale``: per profile, what sets its size on top of the profile's grid (prompts, ratios, policies; "benign":
     the benign query's own part, ``BENIGN_SIDE``) or, for the studies that are not a grid of the sweep (the atlas's
     keep rates, the runtime, the judge), the fields of their plan. ``claims``: the function of
-    ``fairkv.report.paper`` that reads its rows into the paper's claims. ``sweep``: a grid of the paper's sweep
+    ``fairkv.report.paper`` that reads its rows into the paper's claims; ``figures``: the figures and tables its
+    notebook writes from its rows (``figures/<profile>/``, tables in ``tables/``; the notebook's claims table with its
+    first study). ``sweep``: a grid of the paper's sweep
     (``run``); the others have a scale only at the profiles listed."""
 
     notebook: str
@@ -63,6 +114,7 @@ class Study:
     axes: dict = field(default_factory=dict)
     scale: dict[str, dict] = field(default_factory=dict)
     claims: str = ""
+    figures: tuple[str, ...] = ()
     sweep: bool = True
 
 
@@ -78,6 +130,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
         "pitfall1",
+        figures=("01_fig2a_class_accuracy", "01_fig2b_spearman", "01_benign_refusals", "01_paper_vs_us"),
     ),
     "policies": Study(
         "02",
@@ -89,6 +142,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
         "pitfall2",
+        figures=("02_fig3_accuracy", "02_fig3_spearman", "02_benign_refusals", "02_paper_vs_us"),
     ),
     "leakage": Study(
         "03",
@@ -100,6 +154,18 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100),
         },
         "pitfalls3_4",
+        figures=(
+            "03_fig4_leakage",
+            "03_fig4_compliance",
+            "03_fig4_normal",
+            "03_fig4_capped",
+            "03_fig4_benign_refusals",
+            "03_fig5_accuracy",
+            "03_fig5_flipped",
+            "03_fig6_defense",
+            "03_fig6_defense_raw",
+            "03_paper_vs_us",
+        ),
     ),
     # keep rates need no decoding, so even the small profiles afford many prompts and all ten ratios
     "keep_rates": Study(
@@ -112,6 +178,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100),
         },
         "pitfall5",
+        figures=("04_fig7_keep_rates", "04_paper_vs_us"),
     ),
     # Figs 8-9 and Table 1 are normal order at the cpu profile (Fig 14, flipped, is fair_flipped's); accuracy at
     # Table 1's ratios; at the paper's scale the whitelist no longer fits the budget beyond r = 0.7 (Section 5.1)
@@ -125,6 +192,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelisting",
+        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_paper_vs_us"),
     ),
     "fair": Study(
         "06",
@@ -136,6 +204,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "fair_eviction",
+        figures=("06_fig9_fair", "06_fig13_defense", "06_table1", "06_paper_vs_us"),
     ),
     "fair_flipped": Study(
         "06",
@@ -147,6 +216,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100),
         },
         "fair_eviction",
+        figures=("06_fig14_flipped",),
     ),
     # Appendix G-H, Figs 15-18; at the cpu profile StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage
     # at every point
@@ -160,6 +230,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100),
         },
         "debiasing",
+        figures=("07_fig15_lambda_plane", "07_table3_pareto", "07_paper_vs_us"),
     ),
     # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.core.longbench;
     # "buckets": the profile's, all three where absent); LongBench generates at most 64 tokens for TREC. ci checks
@@ -178,6 +249,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=None, ratios=TEN_RATIOS),
         },
         "trec",
+        figures=("08_trec_means", "08_synthetic_pipeline_check", "08_paper_vs_us"),
     ),
     # Appendices G-H on LongBench TREC (the first bucket): SnapKV and TOVA, lambda 0-1
     "trec_debias": Study(
@@ -192,6 +264,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=None, ratios=TEN_RATIOS),
         },
         "debiasing",
+        figures=("08_fig17_trec_lambda_plane", "08_table4_pareto"),
     ),
     # Appendix K: the runtime plan's fields (``fairkv.runs.runtime.Plan``); benchmarks/runtime.py measures all five
     # policies at the cpu profile
@@ -226,6 +299,7 @@ STUDIES: dict[str, Study] = {
             ),
         },
         claims="runtime",
+        figures=("09_fig23_runtime", "09_runtime", "09_paper_vs_us"),
         sweep=False,
     ),
     # Appendix L: the judge, the policies whose attack responses it rates (the rows come from the "fair" study: base,
@@ -249,6 +323,13 @@ STUDIES: dict[str, Study] = {
             ),
         },
         claims="judge",
+        figures=(
+            "10_fig25_judge_leak_rate",
+            "10_fig26_judge_severity",
+            "10_judge_agreement",
+            "10_judge_calibration",
+            "10_paper_vs_us",
+        ),
         sweep=False,
     ),
     # notebook 11 at the cpu profile: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per
@@ -269,6 +350,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
         },
         "beyond",
+        figures=("11_spans", "11_spans_budget", "11_spans_starvation", "11_paper_vs_us"),
     ),
     # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries)
     "attacks": Study(
@@ -281,6 +363,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "beyond",
+        figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
     ),
     # one defense template per run (the notebook passes template=...); the paper's attack. At the cpu profile 64
     # answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
@@ -297,6 +380,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS),
         },
         "beyond",
+        figures=("11_defense_strength", "11_defense_critical_ratio"),
     ),
     # the atlas's keep rates (``fairkv.runs.atlas.Plan``'s fields): no decoding, so the cpu profile runs the paper's
     # 100 prompts
@@ -305,6 +389,14 @@ STUDIES: dict[str, Study] = {
         "beyond the paper: the press atlas's keep rates",
         scale={"ci": dict(n_prompts=2, ratios=(0.3, 0.5)), "cpu": dict(n_prompts=100, ratios=ATLAS_RATIOS)},
         claims="press_atlas",
+        figures=(
+            "12_atlas_bias",
+            "12_atlas_keep_rates",
+            "12_atlas_patterns",
+            "12_press_failures",
+            "12_presses_not_run",
+            "12_paper_vs_us",
+        ),
         sweep=False,
     ),
     # the attack side of the most biased presses, with whitelist and fair eviction (``atlas.attack_grid``)
@@ -314,10 +406,17 @@ STUDIES: dict[str, Study] = {
         dict(variants=("base", "whitelist", "fair"), queries=("attack",), orders=NORMAL),
         {"ci": dict(n_prompts=2, ratios=(0.0, 0.5)), "cpu": dict(n_prompts=100, ratios=ATTACK_RATIOS)},
         "press_atlas",
+        figures=("12_atlas_attacks",),
         sweep=False,
     ),
 }
 SWEEPS = tuple(name for name, chosen in STUDIES.items() if chosen.sweep)  # the paper's studies, run by ``run``
+
+# defense templates of RaccoonBench with all their text before the directive, from weak to strong (12, 56 and 335
+# words); templates with text on both sides of the directive have no single defense span. The refusal rate counts the
+# standard template's scripted reply and its variants (metrics.is_refusal); a reply another template scripts (the
+# GptInfinite template's "ACCESS DENIED") counts as "other", so read its leakage beside its refusal rate
+DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
 
 # The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
 # it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy
@@ -403,15 +502,15 @@ def buckets(profile: str) -> tuple[str, ...] | None:
     return study("trec").scale.get(profile, {}).get("buckets")
 
 
-def _layers(name: str, profile: str, overrides: dict) -> tuple[experiment.Grid, dict, dict]:
+def _layers(name: str, at: str, overrides: dict) -> tuple[experiment.Grid, dict, dict]:
     chosen = study(name)
     if not chosen.axes:
         raise StudyError(f"study {name!r} is a plan of its own, not a grid (see its module)")
     axes = chosen.axes
-    base = experiment.profile(profile)
-    sized = dict(chosen.scale.get(profile, {})) if chosen.sweep else scale(name, profile)
+    base = profile(at)
+    sized = dict(chosen.scale.get(at, {})) if chosen.sweep else scale(name, at)
     sized.pop("buckets", None)  # which datasets to run (``buckets``), not a grid field
-    benign_side = {**BENIGN_SIDE.get(profile, {}), **sized.pop("benign", {})}
+    benign_side = {**BENIGN_SIDE.get(at, {}), **sized.pop("benign", {})}
     explicit = {k: v for k, v in overrides.items() if v is not None}
     benign = {**axes, **sized}.get("benign_tokens", base.benign_tokens)
     if "max_new_tokens" in explicit and "benign_tokens" not in explicit and benign:

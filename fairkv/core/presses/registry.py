@@ -110,9 +110,17 @@ def _paper(name: str, key: str, label: str, scoring: str, ratio_free: bool = Tru
     return Entry(name, label, build, scoring, attentions=True, paper=True, ratio_free=ratio_free, backend=SCORE_ONCE)
 
 
-def _scorer(name: str, label: str, build: Callable[[float], ScorerPress], scoring: str, backend: str = SCORE_ONCE):
-    """A ``ScorerPress``; ``backend`` PER_SETTING where its score reads the ratio or draws random numbers."""
-    return Entry(name, label, build, scoring, ratio_free=backend == SCORE_ONCE, backend=backend)
+def _scorer(
+    name: str,
+    label: str,
+    build: Callable[[float], ScorerPress],
+    scoring: str,
+    ratio_free: bool = True,
+    backend: str = SCORE_ONCE,
+) -> Entry:
+    """A ``ScorerPress``; ``backend`` PER_SETTING where its score reads the ratio or draws random numbers at every
+    call (a sketch the score-once backend would draw once for all settings)."""
+    return Entry(name, label, build, scoring, ratio_free=ratio_free, backend=backend)
 
 
 def _wrapper(name: str, label: str, build: Callable[[float], BasePress]) -> Entry:
@@ -139,12 +147,24 @@ CATALOG: dict[str, Entry] = {
         _scorer("CURPress", "CUR", lambda r: kvpress.CURPress(r), "cross-token"),
         # a random sketch drawn at every call; Compactor's also blends its two scores by the ratio
         _scorer(
-            "LeverageScorePress", "LeverageScore", lambda r: kvpress.LeverageScorePress(r), "cross-token", PER_SETTING
+            "LeverageScorePress",
+            "LeverageScore",
+            lambda r: kvpress.LeverageScorePress(r),
+            "cross-token",
+            backend=PER_SETTING,
         ),
-        _scorer("CompactorPress", "Compactor", lambda r: kvpress.CompactorPress(r), "cross-token", PER_SETTING),
+        _scorer(
+            "CompactorPress",
+            "Compactor",
+            lambda r: kvpress.CompactorPress(r),
+            "cross-token",
+            ratio_free=False,
+            backend=PER_SETTING,
+        ),
         _scorer("CapPress", "CAP", lambda r: kvpress.CapPress(r), "cross-token"),
         _scorer("NonCausalAttnPress", "NonCausalAttn", lambda r: kvpress.NonCausalAttnPress(r), "cross-token"),
-        _scorer("RandomPress", "Random", lambda r: kvpress.RandomPress(r), "independent", PER_SETTING),  # the control
+        # the control
+        _scorer("RandomPress", "Random", lambda r: kvpress.RandomPress(r), "independent", backend=PER_SETTING),
         # wrappers, around SnapKV with the paper's settings
         _wrapper("AdaKVPress", "AdaKV(SnapKV)", lambda r: kvpress.AdaKVPress(_snapkv(r))),
         _wrapper("CriticalKVPress", "CriticalKV(SnapKV)", lambda r: kvpress.CriticalKVPress(_snapkv(r))),
