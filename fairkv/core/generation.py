@@ -7,12 +7,13 @@ uncompressed prefix length; keys are not re-rotated).
 
 One compressed cache serves every query: decoding builds a new cache around it and never modifies it. Many
 (cache, query) pairs decode together in one left-padded running batch that waiting pairs join as others finish
-(``answer_batch``).
+(``Decoder``; ``answer_batch`` for a list of pairs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from fairkv.core.models import LoadedModel, clock
 from fairkv.core.presses import build_press, get_policy
 from fairkv.core.progress import note as progress_note
 from fairkv.core.prompts import Prompt, PromptError
+from fairkv.core.running import Running
 
 
 @dataclass
@@ -116,43 +118,10 @@ def _stack_caches(caches: list[DynamicCache], length: int) -> DynamicCache:
     return stacked
 
 
-@dataclass
-class _Running:
-    """Sequences decoding together: their cache, attention mask over it, next position, next-token logits and the
-    index of the item each row answers."""
-
-    cache: DynamicCache
-    mask: torch.Tensor  # (rows, cache length): 1 on real entries, 0 on left padding
-    positions: torch.Tensor  # (rows, 1): the position of each row's next token
-    logits: torch.Tensor  # (rows, vocab)
-    items: list[int]
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` and drop the cache columns that are padding for every remaining row."""
-        keep = torch.tensor(rows, device=self.mask.device)
-        self.cache.batch_select_indices(keep)
-        self.mask, self.positions, self.logits = self.mask[keep], self.positions[keep], self.logits[keep]
-        self.items = [self.items[row] for row in rows]
-        first = int(self.mask.any(dim=0).int().argmax())
-        if first:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-
-    def join(self, other: "_Running") -> None:
-        """Add ``other``'s rows (both left-padded to the longer cache)."""
-        length = max(self.mask.shape[1], other.mask.shape[1])
-        self.cache = _stack_caches([self.cache, other.cache], length)
-        self.mask = torch.cat([F.pad(m, (length - m.shape[1], 0)) for m in (self.mask, other.mask)])
-        self.positions = torch.cat([self.positions, other.positions])
-        self.logits = torch.cat([self.logits, other.logits])
-        self.items += other.items
-
-
-def _start(lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], indices: list[int], pad_id: int) -> _Running:
-    """Run the queries of ``items[indices]`` over their left-padded caches: the first token's logits of each."""
+def _prefill_queries(lm: LoadedModel, chosen: list[tuple[Compressed, torch.Tensor]], pad_id: int, masked: bool):
+    """Run the queries of ``chosen`` over their left-padded caches: the cache (a ``DynamicCache``), its attention mask,
+    the next positions and the first token's logits of each."""
     device = lm.device
-    chosen = [items[i] for i in indices]
     cache_len = max(c.cache.get_seq_length() for c, _ in chosen)
     q_len = max(q.shape[1] for _, q in chosen)
     cache = _stack_caches([c.cache for c, _ in chosen], cache_len)
@@ -166,17 +135,152 @@ def _start(lm: LoadedModel, items: list[tuple[Compressed, torch.Tensor]], indice
         mask[row, cache_len + q_len - q :] = 1
         positions[row, q_len - q :] = torch.arange(compressed.n_prefix, compressed.n_prefix + q)
     mask, positions = mask.to(device), positions.to(device)
-    logits = lm.model(
-        input_ids=input_ids.to(device),
-        past_key_values=cache,
-        attention_mask=mask,
-        position_ids=positions,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    return _Running(cache, mask, positions[:, -1:] + 1, logits, list(indices))
+    with decoding(lm.model, masked):
+        logits = lm.model(
+            input_ids=input_ids.to(device),
+            past_key_values=cache,
+            attention_mask=mask,
+            position_ids=positions,
+            logits_to_keep=1,
+        ).logits[:, -1]
+    return cache, mask, positions[:, -1:] + 1, logits
 
 
-@torch.inference_mode()
+def _least_padding(waiting: list, free: int) -> list:
+    """The ``free`` waiting items (all if fewer) to join next: the oldest, with those of the most similar query lengths
+    around it (the fewest padded query tokens among the runs of ``free`` in order of length that hold it)."""
+    if len(waiting) <= free:
+        return list(waiting)
+    ranked = sorted(range(len(waiting)), key=lambda i: -waiting[i].query.shape[1])
+    lengths = [waiting[i].query.shape[1] for i in ranked]
+    oldest = ranked.index(0)
+    runs = range(max(0, oldest - free + 1), min(oldest, len(ranked) - free) + 1)
+    best = min(runs, key=lambda lo: free * lengths[lo] - sum(lengths[lo : lo + free]))
+    return [waiting[i] for i in ranked[best : best + free]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A (compressed cache, query ids (1, q)) pair to answer within ``budget`` new tokens; ``key`` (hashable) names it."""
+
+    key: object
+    compressed: Compressed
+    query: torch.Tensor
+    budget: int
+
+
+class Decoder:
+    """Greedy answers decoded in one running batch (``fairkv.core.running``) that requests join as others finish.
+
+    Caches of different lengths and queries are left-padded and masked; every sequence keeps its original positions
+    (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token or its own token budget,
+    leaving the batch. At most ``batch_size`` sequences decode at once. Whenever ``JOIN_FREE`` of the places are free,
+    waiting requests join: their queries run over their caches in one batched prefill, the oldest waiting request
+    with those of the most similar query lengths (``_least_padding``). ``add`` requests as they are built (a sweep adds
+    each prompt's as its cache is cut), and ``answers`` decodes, yielding each answer as it finishes: with ``drain``
+    False it returns as soon as the batch has places that the waiting requests cannot fill with ``LOOKAHEAD`` of the
+    batch to spare (add more, then call again), so the batch stays full while there is work; with ``drain`` True it
+    answers everything. The compressed caches are not modified, so one cache serves any number of queries.
+    ``masked``: the caches mark keys evicted per head (``attention.head_masked_attention``,
+    ``fairkv.core.per_setting``). ``stop_at_eos=False`` decodes exactly the budget (fixed-length timing,
+    ``benchmarks/``). An answer's ``seconds`` is its share of the batch's wall time: each forward's time split among
+    the rows it ran."""
+
+    JOIN_FREE = 1 / 8
+    LOOKAHEAD = 1 / 2
+
+    def __init__(self, lm: LoadedModel, batch_size: int, stop_at_eos: bool = True, masked: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        self.lm, self.batch_size, self.stop_at_eos, self.masked = lm, batch_size, stop_at_eos, masked
+        self.stops = stop_token_ids(lm)
+        tokenizer = lm.tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stops)
+        self.waiting: list[Request] = []
+        self.running: Running | None = None
+        self.requests: dict[object, Request] = {}  # key -> request, while it waits or decodes
+        self.generated: dict[object, list[int]] = {}
+        self.spent: dict[object, float] = {}
+        self.finished = self.produced = 0
+
+    def add(self, request: Request) -> None:
+        if request.budget < 1:
+            raise ValueError(f"a token budget must be >= 1: {request.key} has {request.budget}")
+        if request.key in self.requests:
+            raise ValueError(f"request {request.key} was added twice")
+        self.requests[request.key] = request
+        self.waiting.append(request)
+        self.generated[request.key], self.spent[request.key] = [], 0.0
+
+    def __len__(self) -> int:
+        """Requests not answered yet."""
+        return len(self.requests)
+
+    @torch.inference_mode()
+    def answers(self, drain: bool = True) -> Iterator[tuple[object, Answer]]:
+        capacity, device = self.batch_size, self.lm.device
+        while self.waiting or self.running is not None:
+            tick = clock(device)
+            free = capacity - (len(self.running.items) if self.running else 0)
+            if self.waiting and (self.running is None or free >= max(1, int(capacity * self.JOIN_FREE))):
+                if not drain and len(self.waiting) < free + int(capacity * self.LOOKAHEAD):
+                    return
+                self._join(_least_padding(self.waiting, free), tick)
+                tick = clock(device)
+            running = self.running
+            progress_note(
+                f"decoding {len(running.items)} answers at once, {self.finished} finished, {len(self.waiting)} "
+                f"waiting, {self.produced} tokens so far"
+            )
+            self.produced += len(running.items)
+            tokens = running.logits.argmax(dim=-1)
+            done = []
+            for row, (key, token) in enumerate(zip(running.items, tokens.tolist())):
+                ids = self.generated[key]
+                ids.append(token)
+                if len(ids) >= self.requests[key].budget or (self.stop_at_eos and token in self.stops):
+                    done.append(row)
+            finished = [running.items[row] for row in done]
+            if len(done) == len(running.items):
+                self.running = None
+            else:
+                if done:
+                    tokens = tokens[running.drop(done)]
+                running.mask = torch.cat([running.mask, running.mask.new_ones(len(running.items), 1)], dim=1)
+                with decoding(self.lm.model, self.masked):
+                    running.logits = self.lm.model(
+                        input_ids=tokens.unsqueeze(1),
+                        past_key_values=running.cache,
+                        attention_mask=running.mask,
+                        position_ids=running.positions,
+                    ).logits[:, -1]
+                running.positions = running.positions + 1
+                share = (clock(device) - tick) / len(running.items)
+                for key in running.items:
+                    self.spent[key] += share
+            for key in finished:
+                yield key, self._answer(key)
+
+    def _join(self, joining: list[Request], tick: float) -> None:
+        chosen = {id(r) for r in joining}
+        self.waiting = [r for r in self.waiting if id(r) not in chosen]
+        prefilled = _prefill_queries(self.lm, [(r.compressed, r.query) for r in joining], self.pad_id, self.masked)
+        keys = [r.key for r in joining]
+        if self.running is None:
+            self.running = Running.open(self.batch_size, *prefilled, keys)
+        else:
+            self.running.join(*prefilled, keys)
+        share = (clock(self.lm.device) - tick) / len(joining)
+        for key in keys:
+            self.spent[key] += share
+
+    def _answer(self, key) -> Answer:
+        del self.requests[key]
+        ids, seconds = self.generated.pop(key), self.spent.pop(key)
+        self.finished += 1
+        return Answer(text=self.lm.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids, seconds=seconds)
+
+
 def answer_batch(
     lm: LoadedModel,
     items: list[tuple[Compressed, torch.Tensor]],
@@ -185,76 +289,19 @@ def answer_batch(
     batch_size: int | None = None,
     masked: bool = False,
 ) -> list[Answer]:
-    """Greedy answers to many (compressed cache, query ids (1, q)) pairs, decoded in one running batch.
-
-    Caches of different lengths and queries are left-padded and masked; every sequence keeps its original positions
-    (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token or its own token budget
-    (``max_new_tokens``: one for all, or one per item), leaving the batch. At most ``batch_size`` sequences (None:
-    all) decode at once; when a quarter of the places are free, waiting items join the running batch (their queries
-    run over their caches, then both are left-padded to one length), so the batch stays full until the work runs out.
-    Items wait longest query first, so the queries that run together need little padding.
-    The compressed caches are not modified, so one cache serves any number of queries. With one item this is
-    kvpress's pipeline decode (``generate_answer``). Attention runs as ``attention.grouped_attention`` (eager's
-    operations without copying the cache per query head). ``stop_at_eos=False`` decodes exactly the budget per sequence
-    (fixed-length timing, ``benchmarks/``). ``masked``: the caches mark keys evicted per head
-    (``attention.head_masked_attention``, ``fairkv.core.per_setting``).
-    """
+    """Greedy answers to many (compressed cache, query ids (1, q)) pairs, in order, decoded by one ``Decoder`` of
+    ``batch_size`` places (None: all at once). ``max_new_tokens``: one budget for all, or one per item. With one item
+    this is kvpress's pipeline decode (``generate_answer``)."""
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(items)
-    if len(budgets) != len(items) or min(budgets, default=1) < 1:
-        raise ValueError(f"need one token budget >= 1 per item: {len(items)} items, budgets {budgets[:8]}")
-    device, stops = lm.device, stop_token_ids(lm)
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else min(stops)
-    capacity = batch_size or len(items)
-    start = clock(device)
-    waiting = sorted(range(len(items)), key=lambda i: -items[i][1].shape[1])  # similar query lengths join together
-    generated: list[list[int]] = [[] for _ in items]
-    with decoding(lm.model, masked):
-        _decode(lm, items, budgets, capacity, waiting, generated, pad_id, stops, stop_at_eos)
-    seconds = (clock(device) - start) / len(items)
-    return [
-        Answer(text=lm.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids, seconds=seconds)
-        for ids in generated
-    ]
-
-
-def _decode(lm, items, budgets, capacity, waiting, generated, pad_id, stops, stop_at_eos) -> None:
-    """The running batch of ``answer_batch``: appends each item's tokens to ``generated``."""
-    running: _Running | None = None
-    produced = 0
-    while waiting or running is not None:
-        free = capacity - (len(running.items) if running else 0)
-        if waiting and free >= max(1, capacity // 4) or running is None:
-            joining, waiting = waiting[:free], waiting[free:]
-            new = _start(lm, items, joining, pad_id)
-            if running is None:
-                running = new
-            else:
-                running.join(new)
-        progress_note(
-            f"decoding {len(running.items)} answers at once, {len(items) - len(waiting) - len(running.items)} "
-            f"of {len(items)} finished, {produced} tokens so far"
-        )
-        produced += len(running.items)
-        tokens = running.logits.argmax(dim=-1)
-        going = []  # rows whose sequence goes on
-        for row, (item, token) in enumerate(zip(running.items, tokens.tolist())):
-            generated[item].append(token)
-            if len(generated[item]) < budgets[item] and (token not in stops or not stop_at_eos):
-                going.append(row)
-        if len(going) < len(running.items):  # finished sequences leave the batch
-            if not going:
-                running = None
-                continue
-            running.keep(going)
-            tokens = tokens[going]
-        running.mask = torch.cat([running.mask, running.mask.new_ones(len(running.items), 1)], dim=1)
-        running.logits = lm.model(
-            input_ids=tokens.unsqueeze(1),
-            past_key_values=running.cache,
-            attention_mask=running.mask,
-            position_ids=running.positions,
-        ).logits[:, -1]
-        running.positions = running.positions + 1
+    if len(budgets) != len(items):
+        raise ValueError(f"need one token budget per item: {len(items)} items, {len(budgets)} budgets")
+    if not items:
+        return []
+    decoder = Decoder(lm, batch_size or len(items), stop_at_eos, masked)
+    for index, ((compressed, query), budget) in enumerate(zip(items, budgets)):
+        decoder.add(Request(index, compressed, query, budget))
+    answers = dict(decoder.answers(drain=True))
+    return [answers[index] for index in range(len(items))]
 
 
 def answer(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import torch
@@ -222,8 +223,12 @@ class Job:
         grid = self.plan.grid
         return (grid.model, False, grid.dtype)
 
-    def compute(self, lm: models.LoadedModel, task: tuple) -> list[dict]:
-        plan, (record, order) = self.plan, task
+    def compute(self, lm: models.LoadedModel, tasks: list[tuple]) -> Iterator[list[dict]]:
+        for task in tasks:
+            yield self._rows(lm, *task)
+
+    def _rows(self, lm: models.LoadedModel, record, order: str) -> list[dict]:
+        plan = self.plan
         entries = plan.entries()
         note(f"prefilling prompt {record.key} ({order}) for {len(entries)} presses x {len(plan.ratios)} ratios")
         prompt = prompts.paper_prompt(lm.tokenizer, record, self.templates, order)

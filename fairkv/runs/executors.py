@@ -48,10 +48,11 @@ class Serial:
     lm: models.LoadedModel | None = None
 
     def map(self, job, tasks: list) -> Iterator[list[dict]]:
-        for task in tasks:
-            if self.lm is None:
-                self.lm = shared_model(job, models.default_device())
-            rows = job.compute(self.lm, task)
+        if not tasks:
+            return
+        if self.lm is None:
+            self.lm = shared_model(job, models.default_device())
+        for rows in job.compute(self.lm, tasks):  # one pass over every task: a sweep's decode batch stays full
             release_memory()
             yield rows
 
@@ -89,7 +90,7 @@ class _Worker:
         self.job, self.lm = job, job.load(device)
 
     def compute(self, task: list) -> list[dict]:
-        return self.job.compute(self.lm, task)
+        return [row for rows in self.job.compute(self.lm, [task]) for row in rows]
 
     def pid(self) -> int:
         return os.getpid()

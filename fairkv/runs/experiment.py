@@ -10,10 +10,10 @@ and lam only matters for fair variants.
 ``run`` hands the grid's cells to the one runner (``fairkv.runs.runner``) as a ``Job``. Per prompt and order each
 missing setting is built by its press's backend: the score-once presses from one prefill that scores them all
 (``score_once.prefill``, each setting cut from it by ``score_once.cut``), the per-setting ones by each press's own
-``compress`` on one prefill (``per_setting.compressed``). Prompts go in groups that fill a few decode batches; the
-group's missing (cache, query) pairs decode in one running batch (``generation.answer_batch``; the per-setting caches
-in one of their own, with masked heads) and its rows are appended together, so a killed run loses at most the group
-in progress and recomputes nothing finished.
+``compress`` on one prefill (``per_setting.compressed``). Each prompt's missing (cache, query) pairs join one running
+decode batch (``generation.Decoder``; the per-setting caches one of their own, with masked heads) that the next
+prompts' pairs keep full, and rows are appended as their answers land, so a killed run loses at most the answers in
+flight and recomputes nothing finished.
 
 The profiles' grids (``ci``, ``cpu``, ``paper``) and each study's scale on top of them are ``fairkv.runs.studies``'.
 """
@@ -25,6 +25,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import torch
@@ -42,7 +43,7 @@ from fairkv.runs.store import ResultsStore
 # RaccoonBench attack is a query kind of its own, "attack:<suite>/<category>/<name>" (data.attack_query)
 QUERIES = ("benign", "attack", "keep")
 DTYPES = ("float32", "bfloat16", "float16")  # the model's precision; part of every cell's identity
-TASK_BATCHES = 3  # a task holds about this many decode batches: the batch drains only at a task's end
+TASK_BATCHES = 3  # a task (what a Ray worker is handed at a time) holds about this many decode batches
 
 
 class GridError(ValueError):
@@ -236,8 +237,9 @@ class Job:
 
     def tasks(self, missing: list[tuple]) -> list[list]:
         """Groups of (record, order, missing (setting, query) pairs, their cell ids): enough prompts for
-        ``TASK_BATCHES`` decode batches of their settings' queries (the running batch stays full until the task's last
-        answers); a prompt's settings and queries never straddle two tasks (they share one prefill)."""
+        ``TASK_BATCHES`` decode batches of their settings' queries, so Ray workers get tasks of a useful size (this
+        process runs them all in one pass, ``compute``); a prompt's settings and queries never straddle two tasks
+        (they share one prefill)."""
         grid, ids = self.grid, self.cells()
         todo: dict[tuple, list] = {}
         for record, order, s, q in missing:
@@ -261,39 +263,60 @@ class Job:
                 tasks.append(task)
         return tasks
 
-    def compute(self, lm: models.LoadedModel, task: list) -> list[dict]:
-        """Rows for the missing (setting, query) pairs of a group of prompts: each prompt's settings built by their
-        backend (score-once: one prefill scores every policy, each setting cut from it; per-setting: one prefill,
-        each press's own ``compress`` per setting), then every query of the group decoded in one running batch of
-        ``grid.batch_size`` sequences (the per-setting caches in one of their own, with masked heads), each with its
-        own token budget."""
-        grid, items = self.grid, []
-        for number, (record, order, missing, ids) in enumerate(task, start=1):
-            progress_note(f"prefilling prompt {number} of {len(task)} in this task")
-            prompt = prompts.prompt_for(lm.tokenizer, record, self.templates, order, grid.template)
-            settings = list(dict.fromkeys(s for s, _ in missing))
-            each = [s for s in settings if built_per_setting(s)]
-            once = [s for s in settings if not built_per_setting(s)]
-            built = {}  # setting -> (prefill seconds, its compressed cache)
-            if once:
-                policies = tuple(dict.fromkeys(s.policy for s in once if s.policy is not None))
-                prefilled = score_once.prefill(lm, prompt, policies)
-                for s in once:
-                    built[s] = (prefilled.seconds, score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam))
-            if each:
-                caches, prefill_s = per_setting.compressed(lm, prompt, each)
-                built.update({s: (prefill_s, caches[s]) for s in each})
-            items += [Item(record, order, prompt, built[s][0], s, built[s][1], q, ids[(s, q)]) for s, q in missing]
-        rows = [_row(grid, lm, item, self.versions) for item in items if item.query == "keep"]
+    def compute(self, lm: models.LoadedModel, tasks: list) -> Iterator[list[dict]]:
+        """Rows for the missing (setting, query) pairs of ``tasks``, yielded prompt by prompt as they land. Each
+        prompt's settings are built by their backend (score-once: one prefill scores every policy, each setting cut
+        from it; per-setting: one prefill, each press's own ``compress`` per setting); its queries join one running
+        decode batch of ``grid.batch_size`` sequences (``generation.Decoder``; the per-setting caches one of their
+        own, with masked heads), each with its own token budget, that the next prompts' queries keep full across
+        tasks: the next prompt is built when the batch has room its waiting queries cannot fill."""
+        grid, rows, decoding = self.grid, [], {}  # decoding: cell id -> its item, until its answer lands
         text = {**self.attacks, "benign": None}
-        for masked in (False, True):
-            todo = [item for item in items if item.query != "keep" and item.masked == masked]
-            if todo:
-                pairs = [(i.compressed, i.prompt.query_ids(text[i.query] or i.record.user)) for i in todo]
-                budgets = [grid.tokens_for(i.query) for i in todo]
-                answers = generation.answer_batch(lm, pairs, budgets, batch_size=grid.batch_size, masked=masked)
-                rows += [_row(grid, lm, item, self.versions, reply) for item, reply in zip(todo, answers)]
-        return rows
+        decoders = {masked: generation.Decoder(lm, grid.batch_size, masked=masked) for masked in (False, True)}
+        units = [unit for task in tasks for unit in task]
+        for number, unit in enumerate(units, start=1):
+            progress_note(f"prefilling prompt {number} of {len(units)}")
+            for item in self._items(lm, unit):
+                if item.query == "keep":
+                    rows.append(_row(grid, lm, item, self.versions))
+                else:
+                    query = item.prompt.query_ids(text[item.query] or item.record.user)
+                    budget = grid.tokens_for(item.query)
+                    decoding[item.cell_id] = item
+                    decoders[item.masked].add(generation.Request(item.cell_id, item.compressed, query, budget))
+            for decoder in decoders.values():
+                for cell, reply in decoder.answers(drain=False):
+                    rows.append(_row(grid, lm, decoding.pop(cell), self.versions, reply))
+            if rows:
+                yield rows
+                rows = []
+        for decoder in decoders.values():
+            for cell, reply in decoder.answers(drain=True):
+                rows.append(_row(grid, lm, decoding.pop(cell), self.versions, reply))
+                if len(rows) >= grid.batch_size // 4:
+                    yield rows
+                    rows = []
+        if rows:
+            yield rows
+
+    def _items(self, lm: models.LoadedModel, unit: tuple) -> list[Item]:
+        """The missing cells of one (record, order), their caches built."""
+        record, order, missing, ids = unit
+        grid = self.grid
+        prompt = prompts.prompt_for(lm.tokenizer, record, self.templates, order, grid.template)
+        settings = list(dict.fromkeys(s for s, _ in missing))
+        each = [s for s in settings if built_per_setting(s)]
+        once = [s for s in settings if not built_per_setting(s)]
+        built = {}  # setting -> (prefill seconds, its compressed cache)
+        if once:
+            policies = tuple(dict.fromkeys(s.policy for s in once if s.policy is not None))
+            prefilled = score_once.prefill(lm, prompt, policies)
+            for s in once:
+                built[s] = (prefilled.seconds, score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam))
+        if each:
+            caches, prefill_s = per_setting.compressed(lm, prompt, each)
+            built.update({s: (prefill_s, caches[s]) for s in each})
+        return [Item(record, order, prompt, built[s][0], s, built[s][1], q, ids[(s, q)]) for s, q in missing]
 
 
 def run(

@@ -24,6 +24,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 import torch
@@ -303,7 +304,11 @@ class Job:
     def model_key(self) -> tuple:
         return (self.name, False, self.dtype)
 
-    def compute(self, lm: models.LoadedModel, task: list[str]) -> list[dict]:
+    def compute(self, lm: models.LoadedModel, tasks: list[list[str]]) -> Iterator[list[dict]]:
+        for task in tasks:
+            yield self._rows(lm, task)
+
+    def _rows(self, lm: models.LoadedModel, task: list[str]) -> list[dict]:
         scores = score(lm, [self.responses[judged] for judged in task], self.batch_size, self.progress)
         return [
             {

@@ -9,14 +9,15 @@ carry (``versions``; None for rows keyed by their own version, as the judge's). 
 - rows of this job stored under other versions or code are an error naming them, never mixed in;
 - when cells are missing, the store's compute lock is held (``ResultsStore.computing``): a second process on the same
   store waits and reuses the first one's rows (``wait=False``: fails at once naming it);
-- tasks run on an executor (``fairkv.runs.executors``: this process, or a Ray cluster), and only this process appends
-  their rows, task by task as they arrive, so a killed run loses at most the tasks in flight and recomputes nothing
-  stored; the progress bar counts rows done / total with an ETA.
+- tasks run on an executor (``fairkv.runs.executors``: this process, in one pass over them all, or a Ray cluster, a
+  task per worker at a time), and only this process appends their rows as they arrive (a job yields them as they
+  land: a sweep prompt by prompt, a Ray worker a task at a time), so a killed run loses at most the rows in flight
+  and recomputes nothing stored; the progress bar counts rows done / total with an ETA.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from fairkv.core.progress import Bar
 from fairkv.runs import executors
@@ -30,7 +31,7 @@ class Job(Protocol):
 
     def tasks(self, missing: list) -> list: ...
 
-    def compute(self, lm, task) -> list[dict]: ...
+    def compute(self, lm, tasks: list) -> Iterator[list[dict]]: ...
 
     def load(self, device: str | None): ...
 
