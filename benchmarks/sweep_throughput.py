@@ -29,7 +29,7 @@ from fairkv.core.presses import POLICIES
 from fairkv.runs import experiment
 
 
-def plain_loop(lm, records, templates, attack, policies, ratios, max_new_tokens):
+def plain_loop(lm, records, templates, attack, policies, ratios, budgets):
     responses, tokens = {}, 0
     start = time.perf_counter()
     for record in records:
@@ -38,7 +38,7 @@ def plain_loop(lm, records, templates, attack, policies, ratios, max_new_tokens)
             for ratio in ratios:
                 compressed = generation.compress(lm, prompt, policy, ratio)
                 for query, text in (("benign", record.user), ("attack", attack)):
-                    reply = generation.answer(lm, compressed, prompt.query_ids(text), max_new_tokens)
+                    reply = generation.answer(lm, compressed, prompt.query_ids(text), budgets[query])
                     responses[(record.key, policy, ratio, query)] = reply.text
                     tokens += reply.n_tokens
     return responses, tokens, time.perf_counter() - start
@@ -51,7 +51,18 @@ def engine_run(lm, grid):
     seconds = time.perf_counter() - start
     responses = {(r.key, r.policy, r.ratio, r.query): r.response for r in rows.itertuples()}
     computed = rows.drop_duplicates("cell_id")  # an r = 0 row is listed under every policy but computed once
-    return responses, int(computed["new_tokens"].sum()), seconds
+    return responses, int(computed["new_tokens"].sum()), seconds, computed
+
+
+def query_tokens(lm, computed, records, templates, attack) -> int:
+    """The queries' own tokens the engine ran (each query over its cache, unpadded): model rows, like generated
+    tokens, that the generated tokens per second do not count."""
+    by_key = {record.key: record for record in records}
+    lengths = {}
+    for key, query in computed[["key", "query"]].drop_duplicates().itertuples(index=False):
+        prompt = prompts.paper_prompt(lm.tokenizer, by_key[key], templates, order="normal")
+        lengths[(key, query)] = prompt.query_ids(attack if query == "attack" else by_key[key].user).shape[1]
+    return sum(lengths[(r.key, r.query)] for r in computed.itertuples())
 
 
 @torch.inference_mode()
@@ -87,9 +98,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--benign-tokens", type=int, help="the benign query's budget (default: --max-new-tokens)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--dtype", default="bfloat16", choices=experiment.DTYPES)
     parser.add_argument("--plain-prompts", type=int, help="prompts for the plain loop (default: all)")
+    parser.add_argument("--plain-ratios", type=float, nargs="+", help="ratios for the plain loops (default: all)")
     parser.add_argument("--float32-prompts", type=int, default=1, help="prompts for the float32 plain loop (0: skip)")
     args = parser.parse_args()
 
@@ -102,31 +115,34 @@ def main() -> None:
         n_prompts=args.prompts,
         ratios=tuple(args.ratios),
         max_new_tokens=args.max_new_tokens,
+        benign_tokens=args.benign_tokens,
         batch_size=args.batch_size,
         dtype=args.dtype,
     )
+    budgets = {query: grid.tokens_for(query) for query in ("benign", "attack")}
+    plain_ratios = args.plain_ratios or args.ratios
     print(
         f"model {args.model} in {args.dtype}: {args.prompts} prompts x {len(policies)} policies x {len(args.ratios)} "
-        f"ratios x 2 queries, max_new_tokens {args.max_new_tokens}, batch {args.batch_size}, "
+        f"ratios x 2 queries, new tokens {budgets['benign']} benign / {budgets['attack']} attack, batch {args.batch_size}, "
         f"{torch.get_num_threads()} threads"
     )
-    engine_run(lm, grid.with_overrides(n_prompts=1, max_new_tokens=4))  # warm-up
+    engine_run(lm, grid.with_overrides(n_prompts=1, max_new_tokens=4, benign_tokens=None))  # warm-up
     plain_records = records[: args.plain_prompts]
-    plain, plain_tokens, plain_s = plain_loop(
-        lm, plain_records, templates, attack, policies, args.ratios, args.max_new_tokens
-    )
-    ours, our_tokens, our_s = engine_run(lm, grid)
+    plain, plain_tokens, plain_s = plain_loop(lm, plain_records, templates, attack, policies, plain_ratios, budgets)
+    ours, our_tokens, our_s, computed = engine_run(lm, grid)
+    queried = query_tokens(lm, computed, records, templates, attack)
     limit = matmul_limit(lm, args.batch_size)
     same = sum(plain[k] == ours[k] for k in plain)
     engine_speed, plain_speed = our_tokens / our_s, plain_tokens / plain_s
     print(
-        f"(a) plain loop, {args.dtype}, {len(plain_records)} prompts: {plain_tokens} tokens in {plain_s:.1f} s = "
+        f"(a) plain loop, {args.dtype}, {len(plain_records)} prompts x {len(plain_ratios)} ratios: {plain_tokens} tokens in "
+        f"{plain_s:.1f} s = "
         f"{plain_speed:.1f} tok/s"
     )
     if args.float32_prompts:
         lm32 = lm if args.dtype == "float32" else models.load_model(args.model, dtype=torch.float32)
         _, tokens32, seconds32 = plain_loop(
-            lm32, records[: args.float32_prompts], templates, attack, policies, args.ratios, args.max_new_tokens
+            lm32, records[: args.float32_prompts], templates, attack, policies, plain_ratios, budgets
         )
         print(
             f"(a') plain loop, float32, {args.float32_prompts} prompts: {tokens32} tokens in {seconds32:.1f} s = "
@@ -145,6 +161,11 @@ def main() -> None:
             else ""
         )
         + f"; engine / limit: {engine_speed / limit:.1%}"
+    )
+    print(
+        f"token rows the engine ran: {our_tokens} generated + {queried} of the queries over their caches; counting "
+        f"both, engine / limit: {(our_tokens + queried) / our_s / limit:.1%}; generated tokens are "
+        f"{our_tokens / (our_tokens + queried):.0%} of them, the most the generated share of the limit could reach"
     )
     print(f"identical responses, plain loop vs engine: {same}/{len(plain)} ({same / len(plain):.1%})")
 

@@ -246,12 +246,12 @@ class Decoder:
             else:
                 if done:
                     tokens = tokens[running.drop(done)]
-                running.mask = torch.cat([running.mask, running.mask.new_ones(len(running.items), 1)], dim=1)
+                bias = running.step()
                 with decoding(self.lm.model, self.masked):
                     running.logits = self.lm.model(
                         input_ids=tokens.unsqueeze(1),
                         past_key_values=running.cache,
-                        attention_mask=running.mask,
+                        attention_mask=bias,
                         position_ids=running.positions,
                     ).logits[:, -1]
                 running.positions = running.positions + 1

@@ -2,21 +2,25 @@
 
 A ``DynamicCache`` concatenates every decoding step's keys and values onto the whole cache (a copy of all of it, every
 layer, every step), and dropping a finished row selects the remaining rows (another copy of all of it). On long
-answers these copies cost more than the model (``benchmarks/decode_breakdown.py``: at 128 rows and 1000 cached
-tokens a step took 3.0 s against 1.4 s at 100 tokens, and dropping one row 1.35 s). Here each layer keeps its keys
-and values in buffers of (capacity rows, kv heads, columns, head dim) (``SlotLayer``):
+answers these copies cost more than the model's matmuls: at 128 rows and 1000 cached tokens a step took 3.0 s
+against 1.4 s at 100 tokens, and dropping one row 1.35 s (Qwen2.5-Coder-1.5B in bfloat16, 2 cores; the README's
+decoding levers). Here each layer keeps its keys and values in buffers of (capacity rows, kv heads, columns, head
+dim) (``SlotLayer``):
 
-- a step writes its one column into the buffers; ``keys`` / ``values`` are views of the live rows and columns
-  (``[:rows, :, first:end]``), which attention reads in place;
+- a step writes its one column into the buffers, at column ``end`` for every row (rows are left-padded);
+- attention reads the buffers of the live rows whole (``[:rows]``, contiguous: a view of a window of columns would
+  make every attention matmul copy it first, 3-4x slower), the columns that are not a row's real entries masked, the
+  ones after ``end`` included (they are zero and get weight zero);
 - a finished row's slot is refilled by moving the last live row into it (one row copied, not the batch);
-- rows are left-padded: every row's next token goes in column ``end``; columns that are padding for every live row are
-  dropped by moving ``first``, not by copying;
 - joining rows (their queries run over their caches, ``generation``) are written into the free slots, ending at
-  ``end``; their padding columns are zeroed, so no stale value (a NaN eviction mark included) is ever read;
-- the buffers are laid out anew, the window copied once, only when a join needs columns left of it or the steps run
-  past its right end (room for ``ROOM`` more steps each time).
+  ``end``, zero before their first entry, so no stale value (a NaN eviction mark included) is ever read;
+- the buffers are laid out anew (the live columns copied once, the columns that are padding for every row left
+  behind) when the steps reach their last column, when a join needs columns left of the first, or when ``ROOM``
+  leading columns are padding for every row.
 
-Every row keeps its own attention mask (1 on its real entries), positions and next-token logits in ``Running``.
+Every row keeps its attention mask over the buffer's columns (1 on its real entries), the position of its next token
+and its next-token logits in ``Running``; the model gets the mask as the additive 4D mask eager attention builds
+(``bias``), so it reads the cache as it would a ``DynamicCache`` of the same rows.
 """
 
 from __future__ import annotations
@@ -27,105 +31,94 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-ROOM = 256  # columns laid out right of the window for the steps to come, each time the buffers are laid out
+ROOM = 128  # free columns after the last one written, each time the buffers are laid out
 
 
 class SlotLayer(DynamicLayer):
-    """One layer's keys and values of a running batch, in buffers that decoding writes into (see the module)."""
+    """One layer's keys and values of a running batch, in buffers that each decoding step writes a column into."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, first: int, end: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, end: int):
         super().__init__()
-        self.kbuf, self.vbuf, self.rows, self.first, self.end = keys, values, rows, first, end
+        self.kbuf, self.vbuf, self.end = keys, values, end
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self.view()
+        self.live(rows)
 
-    def view(self) -> None:
-        self.keys = self.kbuf[: self.rows, :, self.first : self.end]
-        self.values = self.vbuf[: self.rows, :, self.first : self.end]
+    def live(self, rows: int) -> None:
+        self.keys, self.values = self.kbuf[:rows], self.vbuf[:rows]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, cache_kwargs=None):
-        n = key_states.shape[-2]
-        if self.end + n > self.kbuf.shape[2]:
-            self.lay_out(0, n + ROOM)
-        self.kbuf[: self.rows, :, self.end : self.end + n] = key_states
-        self.vbuf[: self.rows, :, self.end : self.end + n] = value_states
-        self.end += n
-        self.view()
+        if key_states.shape[-2] != 1 or self.end >= self.kbuf.shape[2]:
+            raise ValueError("a running batch takes one token per row and step, within its columns")
+        self.keys[:, :, self.end] = key_states[:, :, 0]
+        self.values[:, :, self.end] = value_states[:, :, 0]
+        self.end += 1
         return self.keys, self.values
 
-    def lay_out(self, left: int, right: int) -> None:
-        """New buffers with ``left`` free columns before the window and ``right`` after it."""
-        width = self.end - self.first
-        shape = (*self.kbuf.shape[:2], left + width + right, self.kbuf.shape[3])
-        for name in ("kbuf", "vbuf"):
-            old = getattr(self, name)
-            new = old.new_zeros(shape)
-            new[: self.rows, :, left : left + width] = old[: self.rows, :, self.first : self.end]
-            setattr(self, name, new)
-        self.first, self.end = left, left + width
-        self.view()
+    def get_seq_length(self) -> int:
+        return self.end
 
-    def write(self, rows: slice, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Rows ``rows`` become ``keys`` / ``values`` (ending at ``end``), zero in the window's columns before them."""
-        start = self.end - keys.shape[2]
-        for buffer, new in ((self.kbuf, keys), (self.vbuf, values)):
-            buffer[rows, :, self.first : start] = 0
-            buffer[rows, :, start : self.end] = new
-
-    def move(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """Rows ``source`` copied into slots ``target`` (the window's columns)."""
-        for buffer in (self.kbuf, self.vbuf):
-            buffer[target, :, self.first : self.end] = buffer[source, :, self.first : self.end]
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        return self.kbuf.shape[2], 0
 
 
 @dataclass
 class Running:
-    """Sequences decoding together: their cache (``SlotLayer`` per layer), attention mask over the cache's window,
-    the position of each row's next token, its next-token logits and the key of the item each row answers."""
+    """Sequences decoding together: their cache (a ``SlotLayer`` per layer), each row's attention mask over the
+    buffers' columns, the position of its next token, its next-token logits and the key of the item it answers."""
 
     cache: DynamicCache
-    mask: torch.Tensor  # (rows, window): 1 on real entries, 0 on left padding
+    mask: torch.Tensor  # (rows, columns): 1 on real entries
     positions: torch.Tensor  # (rows, 1)
     logits: torch.Tensor  # (rows, vocab)
     items: list
 
+    @property
+    def end(self) -> int:
+        return self.cache.layers[0].end
+
     @classmethod
     def open(cls, capacity: int, cache: DynamicCache, mask, positions, logits, items: list) -> "Running":
-        """A running batch of at most ``capacity`` rows holding the rows of ``cache`` (a prefilled ``DynamicCache``)."""
+        """A running batch of at most ``capacity`` rows holding the rows of ``cache`` (a prefilled ``DynamicCache``
+        whose attention mask is ``mask``)."""
         slots = DynamicCache()
         width = mask.shape[1]
         for layer in cache.layers:
-            keys, values = layer.keys, layer.values
-            shape = (capacity, keys.shape[1], width + ROOM, keys.shape[3])
-            slot = SlotLayer(keys.new_zeros(shape), values.new_zeros(shape), len(items), 0, width)
-            slot.write(slice(0, len(items)), keys, values)
-            slots.layers.append(slot)
-        return cls(slots, mask, positions, logits, list(items))
+            shape = (capacity, layer.keys.shape[1], width + ROOM, layer.keys.shape[3])
+            slots.layers.append(SlotLayer(layer.keys.new_zeros(shape), layer.values.new_zeros(shape), 0, width))
+        running = cls(slots, mask.new_zeros(0, width + ROOM), positions[:0], logits[:0], [])
+        running.join(cache, mask, positions, logits, items)
+        return running
 
     def join(self, cache: DynamicCache, mask, positions, logits, items: list) -> None:
-        """Add the rows of ``cache`` (a prefilled ``DynamicCache`` whose mask is ``mask``) in the free slots."""
-        rows, width = len(self.items), mask.shape[1]
-        wider = width - self.mask.shape[1]
+        """Add the rows of ``cache`` (a prefilled ``DynamicCache`` whose attention mask is ``mask``) in free slots."""
+        width = mask.shape[1]
+        if width > self.end:
+            self.lay_out(lead=width - self._width())
+        rows, start = len(self.items), self.end - width
         for layer, new in zip(self.cache.layers, cache.layers):
-            if wider > layer.first:
-                layer.lay_out(wider, ROOM)
-            if wider > 0:
-                layer.first -= wider
-                layer.kbuf[:rows, :, layer.first : layer.first + wider] = 0
-                layer.vbuf[:rows, :, layer.first : layer.first + wider] = 0
-            layer.rows = rows + len(items)
-            layer.write(slice(rows, layer.rows), new.keys, new.values)
-            layer.view()
-        length = max(width, self.mask.shape[1])
-        pad = lambda m: torch.nn.functional.pad(m, (length - m.shape[1], 0))
-        self.mask = torch.cat([pad(self.mask), pad(mask)])
+            for buffer, values in ((layer.kbuf, new.keys), (layer.vbuf, new.values)):
+                buffer[rows : rows + len(items), :, :start] = 0
+                buffer[rows : rows + len(items), :, start : self.end] = values
+            layer.live(rows + len(items))
+        joined = mask.new_zeros(len(items), self.mask.shape[1])
+        joined[:, start : self.end] = mask
+        self.mask = torch.cat([self.mask, joined])
         self.positions = torch.cat([self.positions, positions])
         self.logits = torch.cat([self.logits, logits])
         self.items += items
 
+    def step(self) -> torch.Tensor:
+        """Make room for one more column; the additive attention mask of the step (rows, 1, 1, columns)."""
+        if self.end >= self.mask.shape[1]:
+            self.lay_out()
+        self.mask[:, self.end] = 1
+        dtype = self.cache.layers[0].kbuf.dtype
+        bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+        return bias.masked_fill_(self.mask == 0, torch.finfo(dtype).min)[:, None, None, :]
+
     def drop(self, finished: list[int]) -> torch.Tensor:
-        """Free the slots of rows ``finished``: the last live rows move into them, then the columns that are padding
-        for every remaining row leave the window. Returns the old row of each remaining row, in its new order."""
+        """Free the slots of rows ``finished``: the last live rows move into them. Returns the old row of each
+        remaining row, in its new order."""
         live = len(self.items) - len(finished)
         gone = set(finished)
         holes = [row for row in finished if row < live]
@@ -137,13 +130,36 @@ class Running:
             device = self.mask.device
             source, target = torch.tensor(movers, device=device), torch.tensor(holes, device=device)
             for layer in self.cache.layers:
-                layer.move(source, target)
+                for buffer in (layer.kbuf, layer.vbuf):
+                    buffer[target, :, : self.end] = buffer[source, :, : self.end]
+        for layer in self.cache.layers:
+            layer.live(live)
         index = torch.tensor(order, device=self.mask.device)
         self.mask, self.positions, self.logits = self.mask[index], self.positions[index], self.logits[index]
         self.items = [self.items[row] for row in order]
-        first = int(self.mask.any(dim=0).int().argmax())
-        self.mask = self.mask[:, first:]
-        for layer in self.cache.layers:
-            layer.rows, layer.first = live, layer.first + first
-            layer.view()
+        if self._first() >= ROOM:
+            self.lay_out()
         return index
+
+    def _first(self) -> int:
+        """The first column that is a real entry of some row."""
+        return int(self.mask[:, : self.end].any(dim=0).int().argmax())
+
+    def _width(self) -> int:
+        return self.end - self._first()
+
+    def lay_out(self, lead: int = 0) -> None:
+        """New buffers holding the live columns after ``lead`` free ones, with ``ROOM`` free columns after them."""
+        first, width, rows = self._first(), self._width(), len(self.items)
+        columns = lead + width + ROOM
+        for layer in self.cache.layers:
+            for name in ("kbuf", "vbuf"):
+                old = getattr(layer, name)
+                new = old.new_zeros((old.shape[0], old.shape[1], columns, old.shape[3]))
+                new[:rows, :, lead : lead + width] = old[:rows, :, first : self.end]
+                setattr(layer, name, new)
+            layer.end = lead + width
+            layer.live(rows)
+        mask = self.mask.new_zeros(rows, columns)
+        mask[:, lead : lead + width] = self.mask[:, first : first + width]
+        self.mask = mask
