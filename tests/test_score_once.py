@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairkv.core import attention, generation, score_once
+from fairkv.core import attention, generation, running, score_once
 from fairkv.core.one_prompt import evaluate_prompt
 from fairkv.core.presses import POLICIES, WhitelistError
 
@@ -46,7 +46,7 @@ def test_cut_needs_a_whitelist_phrase(smollm):
         score_once.cut(score_once.prefill(smollm, prompt, ("knorm",)), "knorm", 0.5, "whitelist")
 
 
-def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, prefilled, attack):
+def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, prefilled, attack, monkeypatch):
     """Caches of different lengths and queries of different lengths, decoded together, as one by one."""
     items = []
     for policy, ratio in [(None, 0.0), ("streamingllm", 0.5), ("snapkv", 0.3), ("knorm", 0.7), ("tova", 0.5)]:
@@ -63,6 +63,10 @@ def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, pref
     # a running batch of 4 that waiting items join as others finish, each with its own budget: the same answers,
     # cut at each budget
     budgets = [24, 5, 17, 24, 9, 24, 1, 12, 24, 3]
+    joined = generation.answer_batch(smollm, items, budgets, batch_size=4)
+    assert [a.token_ids for a in joined] == [s.token_ids[:k] for s, k in zip(single, budgets)]
+    # the running batch's buffers laid out anew every few steps and at joins (``running.ROOM``): the same answers
+    monkeypatch.setattr(running, "ROOM", 2)
     joined = generation.answer_batch(smollm, items, budgets, batch_size=4)
     assert [a.token_ids for a in joined] == [s.token_ids[:k] for s, k in zip(single, budgets)]
 

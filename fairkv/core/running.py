@@ -150,13 +150,14 @@ class Running:
 
     def lay_out(self, lead: int = 0) -> None:
         """New buffers holding the live columns after ``lead`` free ones, with ``ROOM`` free columns after them."""
-        first, width, rows = self._first(), self._width(), len(self.items)
+        first, end, rows = self._first(), self.end, len(self.items)
+        width = end - first
         columns = lead + width + ROOM
         for layer in self.cache.layers:
             for name in ("kbuf", "vbuf"):
                 old = getattr(layer, name)
                 new = old.new_zeros((old.shape[0], old.shape[1], columns, old.shape[3]))
-                new[:rows, :, lead : lead + width] = old[:rows, :, first : self.end]
+                new[:rows, :, lead : lead + width] = old[:rows, :, first:end]
                 setattr(layer, name, new)
             layer.end = lead + width
             layer.live(rows)
