@@ -33,6 +33,7 @@ class TimedForward:
     def __init__(self, lm: models.LoadedModel):
         self.forward, self.steps, self.starts = lm.model.forward, collections.Counter(), []
         self.step_s = self.start_s = 0.0
+        self.seconds = collections.Counter()  # rows per step -> seconds in such steps
 
     def __call__(self, *args, **kwargs):
         ids = kwargs.get("input_ids")
@@ -41,6 +42,7 @@ class TimedForward:
         seconds = time.perf_counter() - start
         if ids is not None and ids.shape[1] == 1:
             self.steps[ids.shape[0]] += 1
+            self.seconds[ids.shape[0]] += seconds
             self.step_s += seconds
         elif ids is not None:
             self.starts.append((ids.shape[0], ids.shape[1]))
@@ -70,6 +72,11 @@ def measure(lm: models.LoadedModel, grid: experiment.Grid) -> None:
         f"({step_rows / (n_steps * grid.batch_size):.0%} of the batch), {timed.step_s:.1f} s = "
         f"{step_rows / timed.step_s:.1f} rows/s"
     )
+    thin = [batch for batch in timed.steps if batch < grid.batch_size / 2]
+    print(
+        f"  of them with less than half the batch (the run's last answers): {sum(timed.steps[b] for b in thin)} "
+        f"steps, {sum(b * timed.steps[b] for b in thin)} rows, {sum(timed.seconds[b] for b in thin):.1f} s"
+    )
     print(
         f"  query prefills: {len(timed.starts)}, {started} rows, {query_tokens / started:.0f} query tokens per row "
         f"(padded), {timed.start_s:.1f} s = {query_tokens / timed.start_s:.1f} query tokens/s"
@@ -90,12 +97,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=experiment.DTYPES)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--benign-tokens", type=int, help="the benign query's budget (default: --max-new-tokens)")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[64])
     args = parser.parse_args()
     lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
     print(
         f"model {args.model} in {args.dtype}, {args.prompts} prompts x 5 policies x 3 ratios x 2 queries, "
-        f"max_new_tokens {args.max_new_tokens}, {torch.get_num_threads()} threads"
+        f"new tokens {args.benign_tokens or args.max_new_tokens} benign / {args.max_new_tokens} attack, "
+        f"{torch.get_num_threads()} threads"
     )
     for batch in args.batch_size:
         grid = experiment.Grid(
@@ -103,6 +112,7 @@ def main() -> None:
             n_prompts=args.prompts,
             ratios=(0.25, 0.5, 0.75),
             max_new_tokens=args.max_new_tokens,
+            benign_tokens=args.benign_tokens,
             dtype=args.dtype,
             batch_size=batch,
         )
