@@ -146,21 +146,9 @@ def _prefill_queries(lm: LoadedModel, chosen: list[tuple[Compressed, torch.Tenso
     return cache, mask, positions[:, -1:] + 1, logits
 
 
-def _joining(waiting: list, free: int) -> list:
-    """The ``free`` waiting requests (all if fewer) to join next: the largest token budgets first, so that the answers
-    that may run longest start early and the run's last steps are left to short ones (a batch that empties at the end
-    runs steps with few rows, far below the machine's limit); within a budget ``_least_padding``."""
-    chosen = []
-    for budget in sorted({r.budget for r in waiting}, reverse=True):
-        chosen += _least_padding([r for r in waiting if r.budget == budget], free - len(chosen))
-        if len(chosen) == free:
-            break
-    return chosen
-
-
 def _least_padding(waiting: list, free: int) -> list:
-    """The ``free`` waiting requests (all if fewer): the oldest, with those of the most similar query lengths around
-    it (the fewest padded query tokens among the runs of ``free`` in order of length that hold it)."""
+    """The ``free`` waiting items (all if fewer) to join next: the oldest, with those of the most similar query lengths
+    around it (the fewest padded query tokens among the runs of ``free`` in order of length that hold it)."""
     if len(waiting) <= free:
         return list(waiting)
     ranked = sorted(range(len(waiting)), key=lambda i: -waiting[i].query.shape[1])
@@ -187,8 +175,8 @@ class Decoder:
     Caches of different lengths and queries are left-padded and masked; every sequence keeps its original positions
     (its uncompressed prefix length, then onwards) and stops at its own end-of-turn token or its own token budget,
     leaving the batch. At most ``batch_size`` sequences decode at once. Whenever ``JOIN_FREE`` of the places are free,
-    waiting requests join: their queries run over their caches in one batched prefill, the largest budgets first and
-    the oldest waiting request with those of the most similar query lengths within a budget (``_joining``). ``add`` requests as they are built (a sweep adds
+    waiting requests join: their queries run over their caches in one batched prefill, the oldest waiting request
+    with those of the most similar query lengths (``_least_padding``). ``add`` requests as they are built (a sweep adds
     each prompt's as its cache is cut), and ``answers`` decodes, yielding each answer as it finishes: with ``drain``
     False it returns as soon as the batch has places that the waiting requests cannot fill with ``LOOKAHEAD`` of the
     batch to spare (add more, then call again), so the batch stays full while there is work; with ``drain`` True it
@@ -237,7 +225,7 @@ class Decoder:
             if self.waiting and (self.running is None or free >= max(1, int(capacity * self.JOIN_FREE))):
                 if not drain and len(self.waiting) < free + int(capacity * self.LOOKAHEAD):
                     return
-                self._join(_joining(self.waiting, free), tick)
+                self._join(_least_padding(self.waiting, free), tick)
                 tick = clock(device)
             running = self.running
             progress_note(
