@@ -367,7 +367,8 @@ STUDIES: dict[str, Study] = {
     ),
     # one defense template per run (the notebook passes template=...); the paper's attack. At the cpu profile 64
     # answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
-    # prompts held until its batch drains) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v)
+    # prompts held until its batch drained) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v) before the
+    # Decoder (issue 37), which holds only the waiting and running answers' caches; not measured again since
     "defenses": Study(
         "11",
         "beyond the paper: defense strength",
