@@ -212,10 +212,6 @@ class Decoder:
         self.waiting.append(request)
         self.generated[request.key], self.spent[request.key] = [], 0.0
 
-    def __len__(self) -> int:
-        """Requests not answered yet."""
-        return len(self.requests)
-
     @torch.inference_mode()
     def answers(self, drain: bool = True) -> Iterator[tuple[object, Answer]]:
         capacity, device = self.batch_size, self.lm.device

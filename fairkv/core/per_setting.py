@@ -130,14 +130,14 @@ class _Masks(BasePress):
         self.settings, self.prompt = settings, prompt
         self.spans = tuple((s.start, s.end) for s in prompt.spans)
         self.masks: dict = {s: [] for s in settings}
+        self.entries = {s: entry_of(s.policy) for s in settings}
 
     def post_init_from_model(self, model):
         self.model = model
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         layer = Layer(module, hidden_states, keys, values, kwargs)
-        for setting in self.settings:
-            entry = entry_of(setting.policy)
+        for setting, entry in self.entries.items():
             try:
                 mask = setting_mask(
                     entry, setting.variant, setting.ratio, self.spans, self.prompt.protected, layer, self.model
