@@ -295,14 +295,14 @@ GRIDS = {
     # cpu
     ("degradation", "cpu"): dict(
         dataset="sys_ifeval_shuffled",
-        n=50,
+        n=100,
         orders=("normal",),
         policies=("streamingllm",),
         variants=("base",),
         lams=(1.0,),
         ratios=TEN,
         queries=("benign",),
-        tokens=(128, 256),
+        tokens=(128, 512),
     ),
     ("policies", "cpu"): dict(
         dataset="sys_ifeval_shuffled",
@@ -608,8 +608,8 @@ def test_the_grid_table_covers_every_study_and_profile():
 
 def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     """At the cpu profile the IFEval (benign) query runs on the first 50 of the attack side's 100 prompts, normal order,
-    or where a study says otherwise (leakage: StreamingLLM in both orders); the parts cover the same cells a single
-    grid would; explicit overrides reach both parts; ci runs one grid."""
+    or where a study says otherwise (leakage: StreamingLLM in both orders; Fig 2: all 100 at 512 new tokens); the
+    parts cover the same cells a single grid would; explicit overrides reach both parts; ci runs one grid."""
     attack, benign = studies.parts("leakage", "cpu")
     assert (attack.queries, attack.n_prompts, attack.orders, len(attack.policies)) == (("attack",), 100, BOTH, 5)
     assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (
@@ -622,7 +622,7 @@ def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     attack, benign = studies.parts("whitelist", "cpu")
     assert (benign.n_prompts, benign.orders, benign.ratios) == (50, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
     assert [part.queries for part in studies.parts("degradation", "cpu")] == [("benign",)]
-    assert studies.parts("degradation", "cpu")[0].n_prompts == 50
+    assert [(p.n_prompts, p.benign_tokens) for p in studies.parts("degradation", "cpu")] == [(100, 512)]  # Fig 2
     small = studies.parts("leakage", "cpu", n_prompts=8, orders=["normal"])
     assert [(part.n_prompts, part.orders) for part in small] == [(8, ("normal",)), (8, ("normal",))]
     assert studies.parts("leakage", "cpu", n_prompts=20)[1].n_prompts == 20  # never more prompts than the study

@@ -11,7 +11,8 @@ in the results store and compute them once.
 
 A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
 refined per study by ``scale[profile]["benign"]``): IFEval answers are long, attack answers short, so at the
-cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order.
+cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order
+(Fig 2, whose claims read accuracy only: all 100, at 512 new tokens).
 ``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
 
 Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``results_folder``).
@@ -59,7 +60,8 @@ PROFILES: dict[str, experiment.Grid] = {
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
         "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
         "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
-        "(paper: 1280, so instructions that need longer answers can fail at every ratio); 128 new tokens for the "
+        "(paper: 1280, so instructions that need longer answers can fail at every ratio; Fig 2, which reads accuracy "
+        "only: all 100 prompts at 512 new tokens); 128 new tokens for the "
         "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
         "ratios their claims read (0.4, 0.6)",
     ),
@@ -94,6 +96,10 @@ CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 CI_PROMPTS = 2
 ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9; r = 0 keeps everything for every press
 ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the paper's ratios for Figs 8-9
+# Fig 2 (notebook 01) reads accuracy only: at the cpu profile on the attack side's 100 prompts and 512 new tokens, not
+# the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of prompts; Fig 3
+# follows once its rows at this scale are complete)
+GROWN_BENIGN = dict(n_prompts=100, benign_tokens=512, benign=dict(n_prompts=100))
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ STUDIES: dict[str, Study] = {
         dict(policies=("streamingllm",), variants=BASE, queries=("benign",), orders=NORMAL),
         {
             "ci": dict(n_prompts=CI_PROMPTS),
-            "cpu": dict(n_prompts=50, ratios=TEN_RATIOS),
+            "cpu": dict(ratios=TEN_RATIOS, **GROWN_BENIGN),
             # the paper scores IFEval on all 539 records of sys_ifeval (leakage on the first 100 of the shuffled set)
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
@@ -422,7 +428,7 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 # The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
 # it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy
 # side runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped
-# order.
+# order or a study grows it (Fig 2: ``GROWN_BENIGN``).
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
 # Wall minutes of each notebook on this repository's 2-core machine from an empty results store. ci: measured per
@@ -430,7 +436,10 @@ BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 # scale from the rows each adds (cells an earlier notebook computed are not counted again) times the costs per row
 # measured on its first rows (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer
 # 0.22 s); 08 and 10 from their earlier measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates
-# from an empty store, then the attack side of its presses) measured. Rows already in the store cost nothing.
+# from an empty store, then the attack side of its presses) measured. 01 measured with the running batch of
+# ``generation.Decoder`` (issue 37: 1000 IFEval answers of up to 512 tokens in 50 min on a day this machine's matmul
+# limit was about 105 tok/s); 02 now adds StreamingLLM's cells that 01 no longer shares (250 more IFEval answers).
+# Rows already in the store cost nothing.
 MINUTES: dict[str, tuple[str, dict[str, float]]] = {
     "ci": (
         "measured",
@@ -454,8 +463,8 @@ MINUTES: dict[str, tuple[str, dict[str, float]]] = {
         "estimated",
         {
             "00": 1,
-            "01": 6,
-            "02": 10,
+            "01": 50,
+            "02": 13,
             "03": 18,
             "04": 5,
             "05": 29,
