@@ -23,9 +23,12 @@ KEY = ["figure", "claim"]
 SHOWN = ["n", "estimate", "verdict", "magnitude"]
 
 
-def table(text: str) -> pd.DataFrame:
-    """A paper-vs-us table with its estimate: the ``ours`` column up to its notes."""
+def table(text: str, where: str) -> pd.DataFrame:
+    """A paper-vs-us table (read from ``where``) with its estimate: the ``ours`` column up to its notes."""
     frame = pd.read_csv(io.StringIO(text), dtype={"n": str}).fillna("")
+    missing = sorted(set(KEY + ["ours", "n", "verdict", "magnitude"]) - set(frame.columns))
+    if missing:
+        raise SystemExit(f"{where} has no column {', '.join(missing)}: a table older than these columns")
     frame["estimate"] = frame["ours"].str.split(";").str[0]
     return frame[KEY + SHOWN]
 
@@ -36,21 +39,15 @@ def before(revision: str, path: Path) -> pd.DataFrame:
     )
     if shown.returncode != 0:
         raise SystemExit(f"{path.name} is not in revision {revision}: {shown.stderr.strip()}")
-    return table(shown.stdout)
+    return table(shown.stdout, f"{path.name} at {revision}")
 
 
 def changes(old: pd.DataFrame, new: pd.DataFrame) -> list[str]:
     joined = old.merge(new, on=KEY, how="outer", suffixes=(" before", " now")).fillna("")
     lines = []
-    for row in joined.itertuples(index=False):
-        row = dict(zip(joined.columns, row))
-        mark = (
-            "*"
-            if row["verdict before"] != row["verdict now"]
-            else "~"
-            if row["magnitude before"] != row["magnitude now"]
-            else " "
-        )
+    for row in joined.to_dict("records"):
+        changed = [row[f"{column} before"] != row[f"{column} now"] for column in ("verdict", "magnitude")]
+        mark = "*" if changed[0] else "~" if changed[1] else " "
         lines.append(f"{mark} {row['figure']}: {row['claim']}")
         for side in ("before", "now"):
             lines.append(
@@ -73,7 +70,7 @@ def main() -> None:
         if not path.exists():
             raise SystemExit(f"{path} does not exist: render notebook {notebook} at the {args.profile} profile first")
         print(f"\nnotebook {notebook}")
-        print("\n".join(changes(before(args.before, path), table(path.read_text()))))
+        print("\n".join(changes(before(args.before, path), table(path.read_text(), str(path)))))
 
 
 if __name__ == "__main__":
