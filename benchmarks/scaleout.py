@@ -22,11 +22,12 @@ import argparse
 import json
 import tempfile
 import time
+from collections import Counter
 
 import ray
 import torch
 
-from fairkv.core import longbench, models
+from fairkv.core import models
 from fairkv.runs import executors, experiment, studies
 from fairkv.runs.store import ResultsStore
 
@@ -75,31 +76,20 @@ def speed(args) -> None:
 
 
 def estimate(profile: str) -> None:
-    cells = set()
+    cells = Counter()
     print(f"{'study':14} {'cells':>8} {'new cells':>10} {'max new tokens':>15}")
-    for name in studies.SWEEPS:
-        grid = studies.grid(name, profile)
-        if grid.dataset in longbench.DATASETS:
+    for name, added in studies.added_cells(profile).items():
+        if added is None:
             print(f"{name:14} LongBench TREC: its size is not known without the data (200 prompts in LongBench)")
             continue
-        n_prompts = grid.n_prompts or 539
-        fresh = {
-            (grid.dataset, key, order, s, q, grid.tokens_for(q))
-            for key in range(grid.start, grid.start + n_prompts)
-            for order in grid.orders
-            for s in grid.settings()
-            for q in grid.queries
-        } - cells
-        cells |= fresh
-        print(
-            f"{name:14} {n_prompts * len(grid.orders) * len(grid.settings()) * len(grid.queries):8d} {len(fresh):10d} "
-            f"{sum(cell[-1] for cell in fresh):15,d}"
-        )
+        total, fresh = added
+        cells += fresh
+        print(f"{name:14} {total:8d} {fresh.total():10d} {sum(n * tokens for (_, tokens), n in fresh.items()):15,d}")
     for query in ("benign", "attack"):
-        mine = [cell for cell in cells if cell[4] == query]
-        print(f"{query}: {len(mine):,} cells, at most {sum(cell[-1] for cell in mine):,} new tokens")
-    tokens = sum(cell[-1] for cell in cells)
-    print(f"profile {profile}: {len(cells):,} distinct cells, at most {tokens:,} generated tokens")
+        mine = {tokens: n for (kind, tokens), n in cells.items() if kind == query}
+        print(f"{query}: {sum(mine.values()):,} cells, at most {sum(n * t for t, n in mine.items()):,} new tokens")
+    tokens = sum(n * tokens for (_, tokens), n in cells.items())
+    print(f"profile {profile}: {cells.total():,} distinct cells, at most {tokens:,} generated tokens")
     for rate in (500, 1000, 2000):
         print(f"  at {rate} tok/s (batched decoding, one GPU): {tokens / rate / 3600:.0f} GPU-hours at most")
     measured("cpu")

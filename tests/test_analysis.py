@@ -3,11 +3,13 @@
 import json
 import math
 import re
+from collections import Counter
 
 import pandas as pd
 import pytest
 
 from fairkv import cli
+from fairkv.core import data
 from fairkv.core.paths import results_dir
 from fairkv.report import analysis, paper, verdicts
 from fairkv.runs import experiment, studies
@@ -306,14 +308,14 @@ GRIDS = {
     ),
     ("policies", "cpu"): dict(
         dataset="sys_ifeval_shuffled",
-        n=50,
+        n=100,
         orders=("normal",),
         policies=ALL5,
         variants=("base",),
         lams=(1.0,),
         ratios=(0.0, 0.3, 0.5, 0.7, 0.9),
         queries=("benign",),
-        tokens=(128, 256),
+        tokens=(128, 512),
     ),
     ("leakage", "cpu"): dict(
         dataset="sys_ifeval_shuffled",
@@ -608,13 +610,14 @@ def test_the_grid_table_covers_every_study_and_profile():
 
 def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     """At the cpu profile the IFEval (benign) query runs on the first 50 of the attack side's 100 prompts, normal order,
-    or where a study says otherwise (leakage: StreamingLLM in both orders; Fig 2: all 100 at 512 new tokens); the
-    parts cover the same cells a single grid would; explicit overrides reach both parts; ci runs one grid."""
+    or where a study says otherwise (leakage: all 100, StreamingLLM in both orders; Figs 2-3: all 100 at 512 new
+    tokens); the parts cover the same cells a single grid would; explicit overrides reach both parts; ci runs one
+    grid."""
     attack, benign = studies.parts("leakage", "cpu")
     assert (attack.queries, attack.n_prompts, attack.orders, len(attack.policies)) == (("attack",), 100, BOTH, 5)
     assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (
         ("benign",),
-        50,
+        100,
         BOTH,
         ("streamingllm",),
     )
@@ -622,12 +625,29 @@ def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     attack, benign = studies.parts("whitelist", "cpu")
     assert (benign.n_prompts, benign.orders, benign.ratios) == (50, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
     assert [part.queries for part in studies.parts("degradation", "cpu")] == [("benign",)]
-    assert [(p.n_prompts, p.benign_tokens) for p in studies.parts("degradation", "cpu")] == [(100, 512)]  # Fig 2
+    for name in ("degradation", "policies"):  # Figs 2-3
+        assert [(p.n_prompts, p.benign_tokens) for p in studies.parts(name, "cpu")] == [(100, 512)]
     small = studies.parts("leakage", "cpu", n_prompts=8, orders=["normal"])
     assert [(part.n_prompts, part.orders) for part in small] == [(8, ("normal",)), (8, ("normal",))]
     assert studies.parts("leakage", "cpu", n_prompts=20)[1].n_prompts == 20  # never more prompts than the study
     assert studies.parts("leakage", "ci") == [studies.grid("leakage", "ci")]
     assert studies.results_folder("cpu") == results_dir() / "cpu"
+
+
+def test_added_cells_count_a_cell_two_studies_share_once():
+    """The sizes behind ``MINUTES`` and scaleout's estimate: at the cpu profile Fig 3's grid holds Fig 2's StreamingLLM
+    cells (r = 0, 0.3, 0.5, 0.7, 0.9), so it adds 1600 of its 2100; the same count as the ids the store keys rows by."""
+    added = studies.added_cells("cpu")
+    assert added["degradation"] == (1000, Counter({("benign", 512): 1000}))
+    assert added["policies"] == (2100, Counter({("benign", 512): 1600}))
+    assert added["keep_rates"] == (9200, Counter({("keep", 0): 9200}))
+    ids = set()
+    for name in ("degradation", "policies"):
+        for part in studies.parts(name, "cpu"):
+            records = tuple(data.load_records(part.dataset)[: part.n_prompts])
+            ids |= set(experiment.Job(part, records, experiment._checksum(part.model), {}, {}, {}).cells().values())
+    assert len(ids) == 2600
+    assert studies.added_cells("paper")["trec"] is None  # all of LongBench: its size is not known without its data
 
 
 def test_describe_says_what_the_rows_hold_and_the_papers_grid():

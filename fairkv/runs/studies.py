@@ -12,7 +12,7 @@ in the results store and compute them once.
 A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
 refined per study by ``scale[profile]["benign"]``): IFEval answers are long, attack answers short, so at the
 cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order
-(Fig 2, whose claims read accuracy only: all 100, at 512 new tokens).
+(Figs 2-3, whose claims read accuracy only: all 100, at 512 new tokens; notebook 03: all 100).
 ``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
 
 Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``results_folder``).
@@ -20,11 +20,14 @@ Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``resul
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import product
 from pathlib import Path
 
 import pandas as pd
 
+from fairkv.core import data, longbench
 from fairkv.core.paths import results_dir
 from fairkv.core.presses import POLICIES
 from fairkv.runs import experiment
@@ -60,8 +63,8 @@ PROFILES: dict[str, experiment.Grid] = {
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
         "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
         "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
-        "(paper: 1280, so instructions that need longer answers can fail at every ratio; Fig 2, which reads accuracy "
-        "only: all 100 prompts at 512 new tokens); 128 new tokens for the "
+        "(paper: 1280, so instructions that need longer answers can fail at every ratio; Figs 2-3, which read accuracy "
+        "only: all 100 prompts at 512 new tokens; Figs 4-6: all 100); 128 new tokens for the "
         "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
         "ratios their claims read (0.4, 0.6)",
     ),
@@ -96,10 +99,13 @@ CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 CI_PROMPTS = 2
 ATLAS_RATIOS = TEN_RATIOS[1:]  # r = 0.1 ... 0.9; r = 0 keeps everything for every press
 ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the paper's ratios for Figs 8-9
-# Fig 2 (notebook 01) reads accuracy only: at the cpu profile on the attack side's 100 prompts and 512 new tokens, not
-# the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of prompts; Fig 3
-# follows once its rows at this scale are complete)
+# Figs 2-3 (notebooks 01-02) read accuracy only: at the cpu profile on the attack side's 100 prompts and 512 new
+# tokens, not the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of
+# prompts)
 GROWN_BENIGN = dict(n_prompts=100, benign_tokens=512, benign=dict(n_prompts=100))
+# the benign side of Fig 4-6's claims (notebook 03) on all 100 of the attack side's prompts, at the side's 256 new
+# tokens (issue 37)
+GROWN_SIDE = dict(n_prompts=100)
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ STUDIES: dict[str, Study] = {
         dict(variants=BASE, queries=("benign",), orders=NORMAL),
         {
             "ci": dict(n_prompts=CI_PROMPTS),
-            "cpu": dict(n_prompts=50),
+            "cpu": dict(GROWN_BENIGN),
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
         "pitfall2",
@@ -156,7 +162,7 @@ STUDIES: dict[str, Study] = {
         dict(orders=BOTH_ORDERS, variants=BASE),
         {
             "ci": dict(n_prompts=CI_PROMPTS),
-            "cpu": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",))),
+            "cpu": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",), **GROWN_SIDE)),
             "paper": dict(n_prompts=100),
         },
         "pitfalls3_4",
@@ -428,7 +434,7 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 # The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
 # it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy
 # side runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped
-# order or a study grows it (Fig 2: ``GROWN_BENIGN``).
+# order or a study grows it (Figs 2-3: ``GROWN_BENIGN``; notebook 03: ``GROWN_SIDE``).
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
 # Wall minutes of each notebook on this repository's 2-core machine from an empty results store. ci: measured per
@@ -563,6 +569,32 @@ def run(
         experiment.run(part, folder, progress=progress, executor=executor) for part in parts(name, profile, **overrides)
     ]
     return grid(name, profile, **overrides), pd.concat(rows, ignore_index=True)
+
+
+def added_cells(profile: str) -> dict[str, tuple[int, Counter] | None]:
+    """Per sweep study at ``profile``, in order: (its cells over all its ``parts``, a Counter of the cells it adds to a
+    store that holds the studies before it, by (query, max new tokens)); cells are keyed by content, so a cell two
+    studies share counts for the first only. None for a study on all of LongBench, whose size is not known without
+    its data. Loads no model and reads no store (the sizes behind ``MINUTES``)."""
+    seen, added = set(), {}
+    for name in SWEEPS:
+        total, fresh = 0, Counter()
+        for part in parts(name, profile):
+            if part.n_prompts is None and part.dataset in longbench.DATASETS:
+                added[name] = None
+                break
+            n = part.n_prompts if part.n_prompts is not None else len(data.load_records(part.dataset)) - part.start
+            for key, order, s, q in product(
+                range(part.start, part.start + n), part.orders, part.settings(), part.queries
+            ):
+                total += 1
+                cell = (part.dataset, part.template, key, order, s, q, part.tokens_for(q))
+                if cell not in seen:
+                    seen.add(cell)
+                    fresh[(q, part.tokens_for(q))] += 1
+        else:
+            added[name] = (total, fresh)
+    return added
 
 
 def describe(name: str, chosen: experiment.Grid, rows: pd.DataFrame) -> str:
