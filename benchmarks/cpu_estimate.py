@@ -8,16 +8,26 @@ share is counted once, for the first), by query kind and token budget, times the
 ``--cost`` (measured: the wall of a run over the rows it computed). Rows that need no decoding (``keep``) cost
 ``--cost keep:0``. A notebook that is no grid, or one after ``--last``, keeps its ``studies.MINUTES``. Prints a
 Markdown table and the total; it computes nothing and reads no store.
+
+``--measure STUDY --prompts N [--query Q]``: the cost per row instead, measured. Each part of the study's cpu grid (its
+benign side apart, ``studies.parts``) on its first N prompts, computed into an empty store with the model loaded
+before; prints the rows, the wall and the seconds per row of each part.
+
+    .venv/bin/python benchmarks/cpu_estimate.py --measure leakage --prompts 10 --query attack
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+import time
 from collections import Counter
 
 import pandas as pd
+import torch
 
-from fairkv.runs import studies
+from fairkv.core import models
+from fairkv.runs import experiment, studies
 
 PROFILE = "cpu"
 
@@ -44,6 +54,21 @@ def estimate(costs: dict[tuple[str, int], float], last: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def measure(name: str, n_prompts: int, query: str | None) -> None:
+    lm = None
+    for part in studies.parts(name, PROFILE, n_prompts=n_prompts):
+        if query is not None and query not in part.queries:
+            continue
+        lm = lm or models.load_model(part.model, dtype=getattr(torch, part.dtype))
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            rows = experiment.run(part, folder, lm=lm, progress=False)
+            wall = time.perf_counter() - start
+        n = rows["cell_id"].nunique()
+        kinds = ", ".join(f"{q}:{part.tokens_for(q)}" for q in part.queries)
+        print(f"{name} ({kinds}) on {n_prompts} prompts: {n} rows in {wall:.1f} s, {wall / n:.3f} s per row")
+
+
 def cost(text: str) -> tuple[tuple[str, int], float]:
     try:
         kind, seconds = text.split("=")
@@ -55,9 +80,17 @@ def cost(text: str) -> tuple[tuple[str, int], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cost", type=cost, action="append", required=True, help="QUERY:TOKENS=SECONDS per row")
+    parser.add_argument("--cost", type=cost, action="append", help="QUERY:TOKENS=SECONDS per row")
     parser.add_argument("--last", default="07", help="the last notebook counted from rows (later: studies.MINUTES)")
+    parser.add_argument("--measure", metavar="STUDY", help="measure the cost per row of STUDY's parts instead")
+    parser.add_argument("--prompts", type=int, default=10, help="prompts for --measure")
+    parser.add_argument("--query", help="--measure only the parts with this query kind")
     args = parser.parse_args()
+    if args.measure:
+        measure(args.measure, args.prompts, args.query)
+        return
+    if not args.cost:
+        parser.error("give the cost per row of each query kind (--cost QUERY:TOKENS=SECONDS), or --measure STUDY")
     table = estimate(dict(args.cost), args.last)
     print(table.to_markdown(index=False))
     total = table["minutes"].sum()

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from fairkv.report import coverage, paper, readme, verdicts
+from fairkv.runs import studies
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "figures" / "cpu"
@@ -194,3 +195,14 @@ def test_the_number_check_sees_a_number_no_table_holds():
         "99.3-99.6%, Section 4.3, arXiv 2510.00231, GPL-3.0"
     ) == {"0.137", "0.5"}
     assert "0.43" in _rounded({"0.4333"}) and "0.44" not in _rounded({"0.4333"})
+
+
+def test_the_readme_quotes_the_cpu_profiles_estimate_from_an_empty_store():
+    """The README's time for ``make reproduce`` from an empty store is the sum ``fairkv reproduce`` prints
+    (``studies.MINUTES``), so the two cannot drift apart."""
+    total = round(sum(studies.MINUTES["cpu"][1].values()))
+    quoted = re.search(
+        r"`make reproduce` from an empty results store \| about (\d+) h (\d+) min", (ROOT / "README.md").read_text()
+    )
+    assert quoted, "README.md has no row for `make reproduce` from an empty results store"
+    assert (int(quoted[1]), int(quoted[2])) == divmod(total, 60)

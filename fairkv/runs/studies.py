@@ -438,14 +438,14 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
 # Wall minutes of each notebook on this repository's 2-core machine from an empty results store. ci: measured per
-# notebook (executed one after another with the running decode batch). cpu: estimated per notebook at its current
-# scale from the rows each adds (cells an earlier notebook computed are not counted again) times the costs per row
-# measured on its first rows (bfloat16, batch 128: an IFEval answer of up to 256 tokens 0.71 s, an attack answer
-# 0.22 s); 08 and 10 from their earlier measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates
-# from an empty store, then the attack side of its presses) measured. 01 measured with the running batch of
-# ``generation.Decoder`` (issue 37: 1000 IFEval answers of up to 512 tokens in 50 min on a day this machine's matmul
-# limit was about 105 tok/s); 02 now adds StreamingLLM's cells that 01 no longer shares (250 more IFEval answers).
-# Rows already in the store cost nothing.
+# notebook (executed one after another with the running decode batch). cpu: 00-07 estimated by
+# benchmarks/cpu_estimate.py (benchmarks/results/cpu_estimate.txt): the rows each notebook adds (``added_cells``:
+# cells an earlier notebook computed are not counted again) times the costs per row measured with the running batch
+# of ``generation.Decoder`` (issue 37) on 12-03, a day this machine's matmul limit was 126.7 tok/s (267.8 on 11-30):
+# an IFEval answer of up to 512 new tokens 3.76 s (Fig 3's 1600), of up to 256 tokens 2.37 s (notebook 03's 500), an
+# attack answer 0.411 s (420 on 10 prompts); a keep-rate row 0.033 s (no decoding); 08 and 10 from their earlier
+# measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates from an empty store, then the attack side
+# of its presses) measured before the running batch. Rows already in the store cost nothing.
 MINUTES: dict[str, tuple[str, dict[str, float]]] = {
     "ci": (
         "measured",
@@ -469,13 +469,13 @@ MINUTES: dict[str, tuple[str, dict[str, float]]] = {
         "estimated",
         {
             "00": 1,
-            "01": 50,
-            "02": 13,
-            "03": 18,
+            "01": 63,
+            "02": 100,
+            "03": 68,
             "04": 5,
-            "05": 29,
-            "06": 38,
-            "07": 39,
+            "05": 99,
+            "06": 94,
+            "07": 108,
             "08": 10,
             "09": 5,
             "10": 35,
