@@ -103,7 +103,7 @@ ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the paper's ratios for Figs 8-9
 # tokens, not the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of
 # prompts)
 GROWN_BENIGN = dict(n_prompts=100, benign_tokens=512, benign=dict(n_prompts=100))
-# the benign side of Fig 4-6's claims (notebook 03) on all 100 of the attack side's prompts, at the side's 256 new
+# the benign side of Figs 4-6's claims (notebook 03) on all 100 of the attack side's prompts, at the side's 256 new
 # tokens (issue 37)
 GROWN_SIDE = dict(n_prompts=100)
 
@@ -432,7 +432,7 @@ SWEEPS = tuple(name for name, chosen in STUDIES.items() if chosen.sweep)  # the 
 DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
 
 # The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
-# it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about three times an attack's, so the accuracy
+# it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about six times an attack's, so the accuracy
 # side runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped
 # order or a study grows it (Figs 2-3: ``GROWN_BENIGN``; notebook 03: ``GROWN_SIDE``).
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
