@@ -443,7 +443,7 @@ BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 # cells an earlier notebook computed are not counted again) times the costs per row measured with the running batch
 # of ``generation.Decoder`` (issue 37) on 12-03, a day this machine's matmul limit was 126.7 tok/s (267.8 on 11-30):
 # an IFEval answer of up to 512 new tokens 3.76 s (Fig 3's 1600), of up to 256 tokens 2.37 s (notebook 03's 500), an
-# attack answer 0.411 s (420 on 10 prompts); a keep-rate row 0.033 s (no decoding); 08 and 10 from their earlier
+# attack answer 0.444 s (420 on 10 prompts); a keep-rate row 0.033 s (no decoding); 08 and 10 from their earlier
 # measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates from an empty store, then the attack side
 # of its presses) measured before the running batch. Rows already in the store cost nothing.
 MINUTES: dict[str, tuple[str, dict[str, float]]] = {
@@ -471,11 +471,11 @@ MINUTES: dict[str, tuple[str, dict[str, float]]] = {
             "00": 1,
             "01": 63,
             "02": 100,
-            "03": 68,
+            "03": 71,
             "04": 5,
-            "05": 99,
-            "06": 94,
-            "07": 108,
+            "05": 101,
+            "06": 98,
+            "07": 111,
             "08": 10,
             "09": 5,
             "10": 35,
