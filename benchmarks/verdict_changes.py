@@ -48,7 +48,8 @@ def changes(old: pd.DataFrame, new: pd.DataFrame) -> list[str]:
     for row in joined.to_dict("records"):
         changed = [row[f"{column} before"] != row[f"{column} now"] for column in ("verdict", "magnitude")]
         mark = "*" if changed[0] else "~" if changed[1] else " "
-        lines.append(f"{mark} {row['figure']}: {row['claim']}")
+        claim = row["claim"] if row["claim"].startswith(row["figure"]) else f"{row['figure']}: {row['claim']}"
+        lines.append(f"{mark} {claim}")
         for side in ("before", "now"):
             lines.append(
                 f"    {side:6} n = {row[f'n {side}'] or '-':>4}  {row[f'verdict {side}'] or '-':12} "

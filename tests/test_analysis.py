@@ -610,9 +610,9 @@ def test_the_grid_table_covers_every_study_and_profile():
 
 def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     """At the cpu profile the IFEval (benign) query runs on the first 50 of the attack side's 100 prompts, normal order,
-    or where a study says otherwise (leakage: all 100, StreamingLLM in both orders; Figs 2-3: all 100 at 512 new
-    tokens); the parts cover the same cells a single grid would; explicit overrides reach both parts; ci runs one
-    grid."""
+    or where a study says otherwise (leakage: all 100, StreamingLLM in both orders; the mitigations of notebooks 05-06:
+    all 100 at Table 1's ratios; Figs 2-3: all 100 at 512 new tokens); the parts cover the same cells a single grid
+    would; explicit overrides reach both parts; ci runs one grid."""
     attack, benign = studies.parts("leakage", "cpu")
     assert (attack.queries, attack.n_prompts, attack.orders, len(attack.policies)) == (("attack",), 100, BOTH, 5)
     assert (benign.queries, benign.n_prompts, benign.orders, benign.policies) == (
@@ -623,7 +623,9 @@ def test_the_benign_side_runs_on_its_own_part_of_the_grid():
     )
     assert (benign.ratios, benign.max_new_tokens, benign.benign_tokens) == (attack.ratios, 128, 256)
     attack, benign = studies.parts("whitelist", "cpu")
-    assert (benign.n_prompts, benign.orders, benign.ratios) == (50, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
+    assert (benign.n_prompts, benign.orders, benign.ratios) == (100, ("normal",), (0.0, 0.4, 0.5, 0.6, 0.7))
+    assert [(p.n_prompts, p.orders) for p in studies.parts("fair_flipped", "cpu")] == [(100, ("flipped",))] * 2
+    assert studies.parts("debias", "cpu")[1].n_prompts == 50  # the profile's benign side where no study grows it
     assert [part.queries for part in studies.parts("degradation", "cpu")] == [("benign",)]
     for name in ("degradation", "policies"):  # Figs 2-3
         assert [(p.n_prompts, p.benign_tokens) for p in studies.parts(name, "cpu")] == [(100, 512)]

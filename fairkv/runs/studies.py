@@ -12,7 +12,7 @@ in the results store and compute them once.
 A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
 refined per study by ``scale[profile]["benign"]``): IFEval answers are long, attack answers short, so at the
 cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order
-(Figs 2-3, whose claims read accuracy only: all 100, at 512 new tokens; notebook 03: all 100).
+(Figs 2-3, whose claims read accuracy only: all 100, at 512 new tokens; notebooks 03, 05 and 06: all 100).
 ``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
 
 Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``results_folder``).
@@ -64,7 +64,7 @@ PROFILES: dict[str, experiment.Grid] = {
         "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
         "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
         "(paper: 1280, so instructions that need longer answers can fail at every ratio; Figs 2-3, which read accuracy "
-        "only: all 100 prompts at 512 new tokens; Figs 4-6: all 100); 128 new tokens for the "
+        "only: all 100 prompts at 512 new tokens; Figs 4-6, 8-9, 14 and Table 1: all 100); 128 new tokens for the "
         "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
         "ratios their claims read (0.4, 0.6)",
     ),
@@ -103,8 +103,8 @@ ATTACK_RATIOS = (0.0, 0.3, 0.5, 0.7)  # the paper's ratios for Figs 8-9
 # tokens, not the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of
 # prompts)
 GROWN_BENIGN = dict(n_prompts=100, benign_tokens=512, benign=dict(n_prompts=100))
-# the benign side of Figs 4-6's claims (notebook 03) on all 100 of the attack side's prompts, at the side's 256 new
-# tokens (issue 37)
+# the benign side of the claims of notebooks 03, 05 and 06 (Figs 4-6, 8-9, 14 and Table 1) on all 100 of the attack
+# side's prompts, at the side's 256 new tokens (issue 37)
 GROWN_SIDE = dict(n_prompts=100)
 
 
@@ -200,7 +200,9 @@ STUDIES: dict[str, Study] = {
         dict(variants=("base", "whitelist")),
         {
             "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+            "cpu": dict(
+                ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS), **GROWN_SIDE)
+            ),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelisting",
@@ -212,7 +214,9 @@ STUDIES: dict[str, Study] = {
         dict(variants=("base", "whitelist", "fair")),
         {
             "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS))),
+            "cpu": dict(
+                ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS), **GROWN_SIDE)
+            ),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "fair_eviction",
@@ -224,7 +228,10 @@ STUDIES: dict[str, Study] = {
         dict(orders=("flipped",), variants=("base", "fair")),
         {
             "ci": dict(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
-            "cpu": dict(ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",))),
+            "cpu": dict(
+                ratios=CPU_MITIGATION_RATIOS,
+                benign=dict(orders=("flipped",), policies=("streamingllm",), **GROWN_SIDE),
+            ),
             "paper": dict(n_prompts=100),
         },
         "fair_eviction",
@@ -434,7 +441,7 @@ DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfini
 # The benign (IFEval) query's own part of a study's grid, per profile (a study's ``scale[profile]["benign"]`` refines
 # it): at the cpu profile an IFEval answer (up to 256 new tokens) costs about six times an attack's, so the accuracy
 # side runs on the first 50 of the attack side's 100 prompts, normal order, unless a study's claims read the flipped
-# order or a study grows it (Figs 2-3: ``GROWN_BENIGN``; notebook 03: ``GROWN_SIDE``).
+# order or a study grows it (Figs 2-3: ``GROWN_BENIGN``; notebooks 03, 05 and 06: ``GROWN_SIDE``).
 BENIGN_SIDE: dict[str, dict] = {"cpu": dict(n_prompts=50, orders=NORMAL)}
 
 # Wall minutes of each notebook on this repository's 2-core machine from an empty results store. ci: measured per
@@ -473,8 +480,8 @@ MINUTES: dict[str, tuple[str, dict[str, float]]] = {
             "02": 100,
             "03": 71,
             "04": 5,
-            "05": 101,
-            "06": 98,
+            "05": 176,
+            "06": 151,
             "07": 111,
             "08": 10,
             "09": 5,
