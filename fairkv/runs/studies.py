@@ -385,9 +385,10 @@ STUDIES: dict[str, Study] = {
         figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
     ),
     # one defense template per run (the notebook passes template=...); the paper's attack. At the cpu profile 64
-    # answers at once, not the profile's 128: the longest template's caches (50 prompts x 11 settings, a task's
-    # prompts held until its batch drained) peaked at 17.0 GB at 128 (notebook 11, /usr/bin/time -v) before the
-    # Decoder (issue 37), which holds only the waiting and running answers' caches; not measured again since
+    # answers at once, not the profile's 128: the longest template's caches peaked at 17.0 GB at 128 before the
+    # Decoder (issue 37), which holds only the waiting and running answers' caches; with it, 12.1 GB at 128 and
+    # 11.2 GB at 64, and 128 no faster (10 min 19 s against 9 min 58 s for the template's 550 rows;
+    # benchmarks/results/defenses_batch_cpu.txt)
     "defenses": Study(
         "11",
         "beyond the paper: defense strength",
