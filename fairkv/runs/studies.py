@@ -106,6 +106,11 @@ GROWN_BENIGN = dict(n_prompts=100, benign_tokens=512, benign=dict(n_prompts=100)
 # the benign side of the claims of notebooks 03, 05 and 06 (Figs 4-6, 8-9, 14 and Table 1) on all 100 of the attack
 # side's prompts, at the side's 256 new tokens (issue 37)
 GROWN_SIDE = dict(n_prompts=100)
+# the cpu scale of notebooks 05-06 (see the whitelist study): one scale, so the fair study's grid holds the whitelist
+# study's and one run computes both
+CPU_MITIGATIONS = dict(
+    ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS), **GROWN_SIDE)
+)
 
 
 @dataclass(frozen=True)
@@ -200,9 +205,7 @@ STUDIES: dict[str, Study] = {
         dict(variants=("base", "whitelist")),
         {
             "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-            "cpu": dict(
-                ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS), **GROWN_SIDE)
-            ),
+            "cpu": dict(CPU_MITIGATIONS),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelisting",
@@ -214,9 +217,7 @@ STUDIES: dict[str, Study] = {
         dict(variants=("base", "whitelist", "fair")),
         {
             "ci": dict(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
-            "cpu": dict(
-                ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, benign=dict(ratios=(0.0, *TABLE1_RATIOS), **GROWN_SIDE)
-            ),
+            "cpu": dict(CPU_MITIGATIONS),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "fair_eviction",
