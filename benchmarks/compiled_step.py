@@ -8,11 +8,10 @@ per row, decoding one token per row and step under the engine's grouped attentio
 compiled one (``torch.compile(model, dynamic=True)``: rows and columns symbolic, so it compiles once per kind of shape,
 not per step) alternate on the same batch for ``--steps`` steps each; the median step of each, the gain, the seconds
 the first compiled step took (compilation included) and the graphs compiled so far. Then the numerics, on a real
-prompt (on random caches the two differ far more than on any real one: rounding differences grow through the
-layers): the first paper prompt and its
-benign query prefilled on ``AGREEMENT_ROWS`` rows, one step eager and the same step compiled: rows that pick the
-same next token and the largest logit difference (inductor fuses the elementwise work, so bfloat16 rounds at other
-places than eager does).
+prompt (on random caches the two differ far more than on any real one: rounding differences grow through the layers):
+the first paper prompt and its benign query prefilled on ``AGREEMENT_ROWS`` rows, one step eager and the same step
+compiled: rows that pick the same next token and the largest logit difference (inductor fuses the elementwise work,
+so bfloat16 rounds at other places than eager does).
 
 The engine's slots write each step's column at ``end``, a Python int: compiled, every step would be a new graph
 (dynamo specialises on it and gives up at its recompile limit). Here the column comes in as ``cache_position``, a
