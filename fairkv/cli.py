@@ -23,7 +23,7 @@ from traitlets.config import Config
 
 from fairkv import audit
 from fairkv.core import models, progress
-from fairkv.core.paths import REPO_ROOT, reports_dir, results_dir
+from fairkv.core.paths import REPO_ROOT, frozen_run, reports_dir, results_dir
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
 from fairkv.report import figures, paper, readme
 from fairkv.runs import fingerprint, judge, studies, verify
@@ -50,9 +50,12 @@ def expected_time(profile: str, notebooks: list[Path]) -> str:
     )
 
 
-def reproduce(names: list[str] | None = None, parameters: dict | None = None) -> list[str]:
+def reproduce(names: list[str] | None = None, parameters: dict | None = None, frozen: bool = False) -> list[str]:
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
-    notebook's rows done / total and ETA as its loops report them, and its wall time."""
+    notebook's rows done / total and ETA as its loops report them, and its wall time. ``frozen``: render from the
+    stored results only (``paths.frozen_run``: the notebooks' kernels inherit it): a missing or stale row stops
+    the run with an error naming it; notebook 00, which stores nothing (one prompt, computed as it is shown), runs as
+    always."""
     notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if names:
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
@@ -64,10 +67,15 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None) ->
     profile = str(parameters.get("profile", "ci"))
     out_dir = reports_dir() / profile
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(expected_time(profile, notebooks), flush=True)
+    if frozen:
+        print(
+            f"frozen: rendering from the stored results in {results_dir() / profile}; nothing is computed", flush=True
+        )
+    else:
+        print(expected_time(profile, notebooks), flush=True)
     written = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fairkv-progress-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="fairkv-progress-") as scratch, frozen_run(frozen):
         for number, notebook in enumerate(notebooks, start=1):
             target = out_dir / notebook.name
             print(f"[{number}/{len(notebooks)}] {notebook.name} -> {target}", flush=True)
@@ -101,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("reproduce", help="execute the numbered notebooks with papermill")
     run.add_argument("notebooks", nargs="*", help="notebook number prefixes, e.g. 00 03 (default: all)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    run.add_argument(
+        "--frozen",
+        action="store_true",
+        help="render from the stored results only: a missing or stale row is an error, nothing is computed",
+    )
     check = commands.add_parser(
         "audit",
         help="audit your own system prompt: keep rates, leakage, compliance vs r",
@@ -206,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "store":
         return run_store(args.action, [Path(p) for p in args.paths] or stores_found())
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
-    reproduce(args.notebooks or None, parameters)
+    reproduce(args.notebooks or None, parameters, args.frozen)
     return 0
 
 

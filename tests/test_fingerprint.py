@@ -107,3 +107,30 @@ def test_neutral_modules_count_by_name(package):
 def test_an_entry_point_that_names_nothing_is_an_error():
     with pytest.raises(fingerprint.FingerprintError, match=r"'runs/experiment.py:runs'.*defines no 'runs'"):
         fingerprint.of(("runs/experiment.py:runs",))
+
+
+def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
+    """Which rows a study asks for is not how a row is computed (issue 49): a profile's or a study's prompts, ratios,
+    budgets and batch sizes, and the defaults of the plans that carry them, keep every fingerprint; an edit of the
+    scoring a row runs through changes the sweep's."""
+    before = prints()
+    studies = package / "runs" / "studies.py"
+    edit(
+        studies,
+        'model="qwen2.5-coder-1.5b",\n        n_prompts=100,',
+        'model="qwen2.5-coder-1.5b",\n        n_prompts=200,',
+    )
+    edit(studies, "CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)", "CPU_MITIGATION_RATIOS = (0.0, 0.5)")
+    edit(studies, '"cpu": dict(n_prompts=100, ratios=ATLAS_RATIOS)', '"cpu": dict(n_prompts=20, ratios=(0.5,))')
+    edit(studies, "batch_size=128,", "batch_size=64,")
+    edit(studies, "GROWN_SIDE = dict(n_prompts=100)", "GROWN_SIDE = dict(n_prompts=50)")
+    experiment = package / "runs" / "experiment.py"
+    edit(experiment, "    n_prompts: int | None = 4\n", "    n_prompts: int | None = 8\n")
+    edit(experiment, "    batch_size: int = 32\n", "    batch_size: int = 16\n")
+    edit(experiment, "    ratios: tuple[float, ...] = (0.0, 0.5)\n", "    ratios: tuple[float, ...] = (0.0, 0.7)\n")
+    atlas = package / "runs" / "atlas.py"
+    edit(atlas, "    n_prompts: int = 4\n", "    n_prompts: int = 40\n")
+    edit(atlas, "    ratios: tuple[float, ...] = (0.3, 0.5, 0.7)\n", "    ratios: tuple[float, ...] = (0.5,)\n")
+    assert prints() == before
+    edit(package / "core" / "metrics.py", '["rougeL"].recall', '["rougeL"].fmeasure')
+    assert prints()["sweep"] != before["sweep"]

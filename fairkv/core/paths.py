@@ -7,16 +7,54 @@ Paths are rooted at the repository (for notebooks, figures and results) or come 
 - ``FAIRKV_RESULTS_DIR``: results store; default ``<repo>/results``.
 - ``FAIRKV_FIGURES_DIR``: figures and tables; default ``<repo>/figures``.
 - ``FAIRKV_REPORTS_DIR``: executed notebooks (``fairkv reproduce``); default ``<repo>/reports``.
+- ``FAIRKV_FROZEN``: ``1`` renders from stored results only (``fairkv reproduce --frozen``): a result that would be
+  computed (a missing or stale row, timings of another plan) is an error (``FrozenError``) instead.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 DATA_DIR_SETTING = "FAIRKV_DATA_DIR"
+FROZEN_SETTING = "FAIRKV_FROZEN"
+
+
+class FrozenError(RuntimeError):
+    """A frozen run (``FAIRKV_FROZEN=1``) found a result it would have to compute."""
+
+
+def frozen() -> bool:
+    """Whether this run renders from stored results only (``FAIRKV_FROZEN=1``)."""
+    return os.environ.get(FROZEN_SETTING, "0") not in ("", "0")
+
+
+@contextmanager
+def frozen_run(on: bool = True):
+    """Within the block, and in the notebook kernels it starts (they inherit the setting), render from stored results
+    only (with ``on``); the setting is restored after."""
+    previous = os.environ.get(FROZEN_SETTING)
+    if on:
+        os.environ[FROZEN_SETTING] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(FROZEN_SETTING, None)
+        else:
+            os.environ[FROZEN_SETTING] = previous
+
+
+def refuse_if_frozen(what: str, fix: str) -> None:
+    """In a frozen run, stop at ``what`` would be computed, saying so and how to fix it; otherwise nothing."""
+    if frozen():
+        raise FrozenError(
+            f"{what}; this run is frozen ({FROZEN_SETTING}=1, `fairkv reproduce --frozen`): it renders from stored "
+            f"results and computes nothing. {fix}"
+        )
 
 
 def _from_env(name: str, default: Path) -> Path:

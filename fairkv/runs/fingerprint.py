@@ -19,6 +19,13 @@ Modules in ``NEUTRAL`` run rows but cannot change their content (where files liv
 and format, the runner's store loop and the executors that carry tasks and rows, this module): a name taken from them counts by its module's name
 and its own, not its definition, so pointing the code at another definition still changes the fingerprint.
 
+Which rows a study asks for is not how a row is computed: every field that selects a row (model, precision, prompt,
+order, setting, query, token budget) is in its cell id. So the declarations of scale (``SCALE``: the profiles and the
+studies' prompts, ratios, budgets and batch sizes in ``fairkv.runs.studies``) count like a neutral module, by name,
+and the field defaults of the plans that carry a scale (``PLANS``: ``experiment.Grid``, ``atlas.Plan``) read as
+absent: a study grown to 200 prompts, or a profile given other ratios, keeps every fingerprint, and its new rows join
+the old ones in the same store.
+
 ``versions`` stamps ``code_fingerprint()`` and the libraries' versions on every row; ``experiment.run`` refuses a
 store whose rows carry another, and ``fairkv restamp`` (``verify.restamp``) gives rows a new fingerprint only after
 recomputing a sample of them identically. The judge (``fairkv.runs.judge``) is not among them: its scores live in a store of their own, keyed by
@@ -50,6 +57,8 @@ NEUTRAL = (
     "runs/executors.py",
     "runs/fingerprint.py",
 )
+SCALE = ("runs/studies.py",)  # which rows each study and profile asks for: counted by name, like NEUTRAL
+PLANS = ("runs/experiment.py:Grid", "runs/atlas.py:Plan")  # their field defaults are a scale: not counted
 
 
 class FingerprintError(ValueError):
@@ -190,6 +199,22 @@ def _blank(node: ast.expr) -> ast.expr:
     return ast.Constant(value="") if is_text else node
 
 
+def _is_plan(path: str, index: int) -> bool:
+    """The statement at ``index`` of ``path`` defines one of ``PLANS``."""
+    statement = _module(path).statements[index]
+    return isinstance(statement, ast.ClassDef) and f"{path}:{statement.name}" in PLANS
+
+
+def _without_defaults(plan: ast.ClassDef) -> ast.ClassDef:
+    """A plan's class with its fields' defaults removed (``n_prompts: int | None = 4`` reads ``n_prompts: int |
+    None``): which rows a plan asks for by default is a scale, and every field that selects a row is in its cell id."""
+    plan = copy.deepcopy(plan)
+    for statement in plan.body:
+        if isinstance(statement, ast.AnnAssign):
+            statement.value = None
+    return plan
+
+
 class _Walk:
     """The definitions reachable from some entry points, collected as the texts that are hashed."""
 
@@ -203,7 +228,7 @@ class _Walk:
             return
         self.seen.add((path, index))
         module = _module(path)
-        statement = module.statements[index]
+        statement = _without_defaults(module.statements[index]) if _is_plan(path, index) else module.statements[index]
         if not _is_import(statement):
             self.texts.add(ast.dump(_Unqualified(module).visit(copy.deepcopy(statement))))
         self.enter(path)
@@ -237,7 +262,7 @@ class _Walk:
 
     def name(self, path: str, attribute: str) -> None:
         """``attribute`` as the module at ``path`` defines or imports it."""
-        if path in NEUTRAL:
+        if path in NEUTRAL or path in SCALE:
             self.texts.add(f"{Path(path).stem}.{attribute}")
             return
         module = _module(path)

@@ -12,13 +12,16 @@ carry (``versions``; None for rows keyed by their own version, as the judge's). 
 - tasks run on an executor (``fairkv.runs.executors``: this process, in one pass over them all, or a Ray cluster, a
   task per worker at a time), and only this process appends their rows as they arrive (a job yields them as they
   land: a sweep prompt by prompt, a Ray worker a task at a time), so a killed run loses at most the rows in flight
-  and recomputes nothing stored; the progress bar counts rows done / total with an ETA.
+  and recomputes nothing stored; the progress bar counts rows done / total with an ETA;
+- in a frozen run (``FAIRKV_FROZEN=1``, ``fairkv reproduce --frozen``) a missing cell is an error naming the store, the
+  cell and the fix, before anything is loaded or computed.
 """
 
 from __future__ import annotations
 
 from typing import Iterator, Protocol
 
+from fairkv.core.paths import refuse_if_frozen
 from fairkv.core.progress import Bar
 from fairkv.runs import executors
 from fairkv.runs.store import ResultsStore, StoreError
@@ -52,6 +55,13 @@ def run(
     done = store.rows()
     missing = _missing(job, ids, done, store)
     if missing:
+        absent = sorted(set(missing.values()))
+        refuse_if_frozen(
+            f"{store.path} lacks {len(absent)} of the {len(set(ids.values()))} cells this job reads (missing: "
+            f"{', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''})",
+            "Run without --frozen (FAIRKV_FROZEN=0) to compute them, or restore the committed rows (git checkout "
+            "results/).",
+        )
         with store.computing(wait):
             done = store.rows()  # rows another process stored while this one waited are reused
             missing = _missing(job, ids, done, store)

@@ -71,6 +71,10 @@ def timings(chosen: Plan, profile: str, remeasure: bool = False, progress: bool 
             )
             return kept.drop(columns=["plan", "measured"])
         print(f"timings: {path.name} holds another plan's timings: measuring this plan's")
+    paths.refuse_if_frozen(
+        f"the timings of {chosen} are not stored in {path}" if not remeasure else "remeasure=True times again",
+        "Run without --frozen to measure them, or restore the committed timings (git checkout results/).",
+    )
     measured = run(chosen, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured.assign(plan=key, measured=pd.Timestamp.now(tz="UTC").strftime("%Y-%m-%d %H:%M UTC")).to_csv(
