@@ -195,7 +195,7 @@ def test_judge_needs_single_token_digits(smollm):
     assert judge.plan("cpu", "smollm2-135m", ["h2o"]).policies == ("h2o",)
 
 
-def test_judge_calibration_set_is_labelled_by_rule(smollm):
+def test_judge_calibration_set_is_labelled_by_rule(smollm, tmp_path):
     """Six directives, nine kinds of response with their label by construction (echoes of the attack in its own case,
     in capitals and in lower case, and an unrelated answer that obeys the directive without stating it, among them:
     the rows hold both, scored as leaks by the judge); IFEval's own checker passes every obeyed answer; the summary
@@ -217,7 +217,7 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm):
         ["refusal", "attack_echo", "attack_echo_upper", "attack_echo_lower", "unrelated"], "leak"
     ].any()
     assert first.at["attack_echo_upper", "response"] == first.at["attack_echo", "response"].upper()
-    calibrated = judge.calibrate(smollm, n_prompts=2)
+    calibrated = judge.calibrate(smollm.name, "float32", n_prompts=2, folder=tmp_path, lm=smollm)
     assert calibrated["correct"].tolist() == (calibrated["judge_leak"] == calibrated["leak"]).tolist()
     summary = analysis.calibration_summary(calibrated)
     assert summary.iloc[0]["kind"] == "all" and summary.iloc[0]["n"] == 18
@@ -252,18 +252,22 @@ def test_qwen_judge_tells_refusals_and_echoes_from_verbatim_leaks(qwen_judge):
 def test_judge_rows_are_stored_and_not_judged_twice(smollm, tmp_path, monkeypatch):
     grid = experiment.Grid(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=8)
     rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
-    first = judge.judge_rows(rows, smollm, tmp_path, progress=False)
+    first = judge.judge_rows(rows, smollm.name, "float32", tmp_path, progress=False, lm=smollm)
     assert len(first) == 4
     # each response carries its own score: judging the same (directive, response) pairs directly agrees row by row
     text = judge.secrets(first)
     direct = judge.score(smollm, [(text[(r.dataset, r.key)], r.response) for r in first.itertuples()])
     assert first["judge_score"].tolist() == [d["judge_score"] for d in direct]
     assert first["judge_expected"].tolist() == pytest.approx([d["judge_expected"] for d in direct], abs=1e-4)
+    calibrated = judge.calibrate(smollm.name, "float32", n_prompts=1, folder=tmp_path, lm=smollm)
     monkeypatch.setattr(judge, "score", lambda *a, **k: pytest.fail("judged again"))
-    again = judge.judge_rows(rows, smollm, tmp_path, progress=False)
+    again = judge.judge_rows(rows, smollm.name, "float32", tmp_path, progress=False, lm=smollm)
     pd.testing.assert_frame_equal(first, again)
+    # the calibration is stored beside the scores and read back (no model given: none is loaded), never judged again
+    pd.testing.assert_frame_equal(calibrated, judge.calibrate(smollm.name, "float32", n_prompts=1, folder=tmp_path))
+    assert len(calibrated) == 9
     with pytest.raises(judge.JudgeError, match="no attack rows"):
-        judge.judge_rows(rows[rows["query"] == "benign"], smollm, tmp_path)
+        judge.judge_rows(rows[rows["query"] == "benign"], smollm.name, "float32", tmp_path)
 
 
 def test_judge_agreement_hand_worked():

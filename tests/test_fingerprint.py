@@ -11,7 +11,7 @@ import pytest
 
 from fairkv.runs import fingerprint
 
-KINDS = {"sweep": fingerprint.SWEEP, "atlas": fingerprint.ATLAS}
+KINDS = {"sweep": fingerprint.SWEEP, "atlas": fingerprint.ATLAS, "judge": fingerprint.JUDGE}
 
 
 @pytest.fixture
@@ -112,7 +112,8 @@ def test_an_entry_point_that_names_nothing_is_an_error():
 def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
     """Which rows a study asks for is not how a row is computed (issue 49): a profile's or a study's prompts, ratios,
     budgets and batch sizes, and the defaults of the plans that carry them, keep every fingerprint; an edit of the
-    scoring a row runs through changes the sweep's."""
+    scoring a row runs through changes the fingerprint of its kind of row: the sweep's for a response's scores, the
+    judge's for a judge's."""
     before = prints()
     studies = package / "runs" / "studies.py"
     edit(
@@ -132,5 +133,11 @@ def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
     edit(atlas, "    n_prompts: int = 4\n", "    n_prompts: int = 40\n")
     edit(atlas, "    ratios: tuple[float, ...] = (0.3, 0.5, 0.7)\n", "    ratios: tuple[float, ...] = (0.5,)\n")
     assert prints() == before
+    edit(package / "runs" / "studies.py", "calibration_prompts=6", "calibration_prompts=12")  # the judge's scale
+    assert prints() == before
     edit(package / "core" / "metrics.py", '["rougeL"].recall', '["rougeL"].fmeasure')
-    assert prints()["sweep"] != before["sweep"]
+    scored = prints()
+    assert scored["sweep"] != before["sweep"] and scored["judge"] == before["judge"]
+    edit(package / "runs" / "judge.py", "LEAK_SCORE = 2", "LEAK_SCORE = 3")
+    judged = prints()
+    assert judged["judge"] != scored["judge"] and judged["sweep"] == scored["sweep"]

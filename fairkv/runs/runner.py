@@ -4,7 +4,7 @@ Every kind of row goes through ``run``: the sweeps of the paper's studies and of
 (``experiment.Job``), the press atlas's keep rates (``atlas.Job``) and the judge's scores (``judge.Job``). A job says
 which cells it wants (``cells``: cell key -> cell id), how missing cells group into tasks (``tasks``), how a task is
 computed on a loaded model (``compute``) and which model that is (``load``, ``model_key``), and the versions its rows
-carry (``versions``; None for rows keyed by their own version, as the judge's). ``run`` owns the store rule:
+carry (``versions``: their code's fingerprint and libraries). ``run`` owns the store rule:
 
 - rows of this job stored under other versions or code are an error naming them, never mixed in;
 - when cells are missing, the store's compute lock is held (``ResultsStore.computing``): a second process on the same

@@ -35,14 +35,18 @@ from fairkv.core import data, generation, models, per_setting, prompts, score_on
 from fairkv.core.attention import decoding
 from fairkv.core.presses.registry import runnable
 from fairkv.core.progress import Bar
-from fairkv.runs import atlas, experiment, fingerprint
+from fairkv.runs import atlas, experiment, fingerprint, judge
 from fairkv.runs.store import ResultsStore
 
 IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  # timings and stamps: never equal twice
 TIE_STEPS = 2  # a near tie: the two tokens' logits at most this many rounding steps of the precision apart
 SWEEP_IDENTITY = {"dataset", "key", "order", "policy", "variant", "lam", "ratio", "query", "max_new_tokens", "dtype"}
 COMPRESSION = ("n_prefix", "span_tokens", "keep_")  # fields (and prefixes) a near tie never changes
-STAMPS = ("code", "atlas")  # the versions fields that name the code that computed a row (fairkv.runs.fingerprint)
+STAMPS = ("code", "atlas", "judge")  # the versions fields that name the code that computed a row (fingerprint)
+# a judge's score recomputed alone against one judged in a batch of 8 (bfloat16 rounds by the batch's shape): its
+# expected severity (0-4) and its mass on the digits may move by this much, its digit and leak call never. Measured on
+# 20 committed cpu rows: every digit equal, the expected severity moved by up to 0.054, the mass by up to 0.0002
+JUDGE_TOLERANCE = {"judge_expected": 0.1, "judge_mass": 0.01}
 
 
 class VerifyError(ValueError):
@@ -66,7 +70,8 @@ class Report:
     def __str__(self) -> str:
         lines = [
             f"{self.store}: {self.identical} of {self.sampled} rows recomputed identically, "
-            f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps), "
+            f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps; a judge's score: "
+            "within its tolerance), "
             f"{len(self.defects)} differ otherwise"
         ]
         for cell, fields in self.differing.items():
@@ -106,15 +111,21 @@ def cell_grid(row: dict) -> experiment.Grid:
     )
 
 
+def _load(row: dict) -> models.LoadedModel:
+    return models.load_model(row["model"], int8=row.get("int8", False), dtype=getattr(torch, row["dtype"]))
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of stored row: the versions this checkout stamps on it, how one row is computed afresh (in an empty
-    folder, with the row's model loaded once per store) into its store's rows by cell id, and whether it decodes."""
+    folder, with the row's model loaded once per store: ``load``) into its store's rows by cell id, and whether it
+    decodes."""
 
     name: str
     versions: Callable[[], dict]
     recompute: Callable[[dict, models.LoadedModel, Path], dict]
     decodes: bool
+    load: Callable[[dict], models.LoadedModel] = _load
 
 
 def _sweep(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
@@ -139,14 +150,24 @@ def _cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.S
     return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), decoding(lm.model)
 
 
+def _judge(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
+    (scores,) = judge.score(lm, [(row["secret"], row["response"])])
+    return {row["cell_id"]: {**row, **scores}}
+
+
 SWEEP = Kind("grid rows (any press of the catalogue)", fingerprint.versions, _sweep, True)
 KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, False)
+JUDGE = Kind(
+    "the judge's scores", judge.versions, _judge, False, lambda row: judge.load_judge(row["judge"], row["dtype"])
+)
 
 
 def kind_of(path: Path, rows: list[dict]) -> Kind:
-    """The kind of ``rows``: the atlas's keep rates, or a grid's rows."""
+    """The kind of ``rows``: the atlas's keep rates, the judge's scores, or a grid's rows."""
     if all(row.get("kind") == "atlas" for row in rows):
         return KEEP_RATES
+    if all({"judge", "judged"} <= row.keys() for row in rows):
+        return JUDGE
     strangers = sum(not SWEEP_IDENTITY <= row.keys() for row in rows)
     if strangers:
         raise VerifyError(
@@ -187,8 +208,8 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
     bar = Bar(total=len(chosen), desc="verified", unit="row", disable=not progress)
     with tempfile.TemporaryDirectory(prefix="fairkv-verify-") as scratch:
         for row in chosen:
-            model = (row["model"], row["dtype"], row.get("int8", False))
-            lm = loaded.get(model) or models.load_model(row["model"], int8=model[2], dtype=getattr(torch, model[1]))
+            model = (row.get("model", row.get("judge")), row["dtype"], row.get("int8", False))
+            lm = loaded.get(model) or kind.load(row)
             loaded[model] = lm
             fresh = kind.recompute(row, lm, Path(scratch) / row["cell_id"])
             if row["cell_id"] not in fresh:
@@ -199,6 +220,10 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
             changed = differences(row, fresh[row["cell_id"]])
             if changed:
                 report.differing[row["cell_id"]] = changed
+                if kind is JUDGE and set(changed) <= JUDGE_TOLERANCE.keys():
+                    alike = _judged_alike(row, fresh[row["cell_id"]])
+                    if alike:
+                        report.near_ties[row["cell_id"]] = alike
                 if kind.decodes and _response_only(changed):
                     tie = near_tie(lm, row, fresh[row["cell_id"]]["response"])
                     if tie:
@@ -227,6 +252,17 @@ def restamp(path: Path, was: str, sample: int = 20, seed: int = 0, progress: boo
         return {**row, "versions": {**versions, **{name: now[name] for name in STAMPS if name in versions}}}
 
     return report, ResultsStore(path).restamp(change)
+
+
+def _judged_alike(stored: dict, fresh: dict) -> str | None:
+    """How a judge's score recomputed with the same digit differs in its continuous columns, if only within
+    ``JUDGE_TOLERANCE`` (the rounding of another batch)."""
+    moved = {name: abs(stored[name] - fresh[name]) for name in JUDGE_TOLERANCE}
+    if any(moved[name] > JUDGE_TOLERANCE[name] for name in moved):
+        return None
+    return ", ".join(f"{name} {stored[name]:.4f} vs {fresh[name]:.4f}" for name in moved if moved[name]) + (
+        " (alone vs in a batch: bfloat16 rounding)"
+    )
 
 
 def _response_only(changed: list[str]) -> bool:
