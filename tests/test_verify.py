@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from sweeps import GRID, complete_lines
 
 from fairkv import cli
-from fairkv.runs import experiment, fingerprint, verify
+from fairkv.runs import experiment, fingerprint, judge, verify
 from fairkv.runs.store import ResultsStore
 
 
@@ -100,15 +101,35 @@ def test_rows_of_other_code_are_refused(stored):
         verify.verify(stored, sample=3, progress=False)
 
 
-def test_rows_that_are_not_a_sweeps_are_refused(tmp_path):
-    """A judge's scores (no prompt, setting or query) cannot be rebuilt as a sweep's cell: a clear error."""
-    path = tmp_path / "judge__smollm2-135m.jsonl"
+def test_rows_of_no_known_kind_are_refused(tmp_path):
+    """Rows that are neither a sweep's (no prompt, setting or query), nor keep rates, nor a judge's scores cannot be
+    rebuilt: a clear error."""
+    path = tmp_path / "scores.jsonl"
     path.write_text(json.dumps({"cell_id": "a1", "judge": "smollm2-135m", "judge_score": 0, "schema": 1}) + "\n")
     with pytest.raises(
         verify.VerifyError,
-        match=r"1 of 1 rows are neither a sweep's rows \(no dataset, dtype.*nor the atlas's keep rates",
+        match=r"1 of 1 rows are neither a sweep's rows \(no dataset, dtype.*nor the atlas's keep rates nor a judge's",
     ):
         verify.verify(path, sample=1, progress=False)
+
+
+def test_a_judges_scores_recompute_from_their_rows_and_an_edited_digit_is_a_defect(computed, smollm, tmp_path):
+    """The judge's rows keep what they judged: recomputed alone (not in their batch), each gives the same digit and
+    continuous columns within the tolerance; a digit edited by hand is a defect."""
+    rows = ResultsStore(computed).rows().values()
+    attack = pd.DataFrame([row for row in rows if row["query"] == "attack"])
+    judge.judge_rows(attack, smollm.name, "float32", tmp_path, progress=False, lm=smollm)
+    path = judge.store_path(smollm.name, tmp_path)
+    report = verify.verify(path, sample=100, progress=False)
+    assert (
+        report.sampled == attack["cell_id"].nunique()
+        and report.defects == []
+        and not report.differing.keys() - (report.near_ties.keys())
+    )
+    lines = [json.loads(line) for line in complete_lines(path)]
+    lines[0]["judge_score"] = (lines[0]["judge_score"] + 1) % 5
+    path.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    assert verify.verify(path, sample=100, progress=False).defects == [lines[0]["cell_id"]]
 
 
 def _stamped(path, code: str, edit=None) -> list[dict]:

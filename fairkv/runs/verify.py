@@ -16,7 +16,14 @@ within ``TIE_STEPS`` rounding steps of the row's precision of the recomputed tok
 common beginning, teacher-forced on the recomputed cache). The cpu profile's ``fairkv verify --sample 20`` found 17
 identical and 3 near ties, each 0 or 1 bfloat16 step apart (``' instructions'`` vs ``' request'`` at 16.875 vs 16.75);
 float32 rows recompute exactly (``tests/test_verify.py``). Any other difference (a keep rate, a response that parts
-where one token clearly led) is reported as differing, and the command exits with status 1.
+where one token clearly led) is reported as differing, and the command exits with status 1. A judge's score
+(``fairkv.runs.judge``) is recomputed from the secret and response its row keeps; alone rather than in a batch of 8,
+its digit must be the same and its continuous columns within ``JUDGE_TOLERANCE``.
+
+bfloat16 rounds by the CPU's kernels too: the committed cpu rows were computed with oneDNN's AVX512-BF16 kernels (AMD
+Zen 4). On an Intel CPU with AMX, oneDNN's default AMX kernels round differently (1,056 of 1,584 keep-rate rows of four
+prompts in both orders differed in a keep rate), and capped to the AVX512-BF16 kernels those of one recompute identically (396 of
+396): there, verify as ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 fairkv verify ...`` (issue 49).
 """
 
 from __future__ import annotations
@@ -172,7 +179,7 @@ def kind_of(path: Path, rows: list[dict]) -> Kind:
     if strangers:
         raise VerifyError(
             f"{path}: {strangers} of {len(rows)} rows are neither a sweep's rows (no "
-            f"{', '.join(sorted(SWEEP_IDENTITY))}) nor the atlas's keep rates"
+            f"{', '.join(sorted(SWEEP_IDENTITY))}) nor the atlas's keep rates nor a judge's scores"
         )
     return SWEEP
 
