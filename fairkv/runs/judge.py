@@ -375,24 +375,16 @@ def judged(
     return {key: done[cell] for key, cell in job.cells().items()}
 
 
-def judge_rows(
-    rows: pd.DataFrame,
-    name: str,
-    dtype: str,
-    folder: Path | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
-    wait: bool = True,
-    lm: models.LoadedModel | None = None,
-) -> pd.DataFrame:
+def judge_rows(rows: pd.DataFrame, name: str, dtype: str, folder: Path | None = None, **judging) -> pd.DataFrame:
     """``rows`` (attack rows of any study) with the judge ``name``'s columns (at ``dtype``); responses already judged
-    are read back from the judge's store, the rest are judged and stored first (``judged``)."""
+    are read back from the judge's store, the rest are judged and stored first (``judged``, with ``judging``: its
+    batch size, progress, wait and loaded model)."""
     attack = rows[rows["query"] == "attack"]
     if attack.empty:
         raise JudgeError("no attack rows to judge (query == 'attack')")
     unique = attack.drop_duplicates("cell_id")
     text = secrets(unique)
     responses = {r.cell_id: (text[(r.dataset, r.key)], r.response) for r in unique.itertuples()}
-    done = judged(responses, name, dtype, folder, batch_size, progress, wait, lm)
+    done = judged(responses, name, dtype, folder, **judging)
     scores = pd.DataFrame([{k: done[c][k] for k in COLUMNS} for c in attack["cell_id"]], index=attack.index)
     return attack.join(scores)
