@@ -15,7 +15,9 @@ import os
 import subprocess
 import sys
 
-from fairkv.core import data
+from fairkv.core import data, metrics
+from fairkv.runs import rescore
+from fairkv.runs.store import ResultsStore
 
 DAYS = "\n".join(f"- DAY {day}: VISIT THE NEW YORK METROPOLITAN TRANSPORTATION SYSTEM" for day in range(6, 12))
 # sys_ifeval_shuffled key and response of committed rows (by cell id)
@@ -97,3 +99,27 @@ def test_a_response_scores_the_same_in_fresh_processes():
         if len({json.dumps(s, sort_keys=True) for process in scores for s in process[cell]}) > 1:
             differ[cell] = sorted(seen)
     assert differ == {}, f"responses scored differently by {PROCESSES} processes (strict, loose outcomes): {differ}"
+
+
+def test_rescore_rewrites_only_the_rows_whose_scores_change(tmp_path):
+    """``fairkv.runs.rescore`` re-scores benign rows from their responses: a row whose stored score is off (here, a
+    prompt-level pass recorded for a response that fails) is rewritten and reported as a flip, an attack row and a
+    benign row scored right keep their bytes, and a second pass finds nothing to change."""
+    record = data.load_records("sys_ifeval_shuffled")[0]
+    right = metrics.benign_scores(record, "hello")
+    assert right["prompt_strict"] == 0.0
+    base = {"dataset": "sys_ifeval_shuffled", "key": record.key, "response": "hello", "versions": {"code": "x"}}
+    rows = [
+        {**base, "cell_id": "benign-right", "query": "benign", **right},
+        {**base, "cell_id": "benign-off", "query": "benign", **right, "prompt_strict": 1.0},
+        {**base, "cell_id": "attack", "query": "attack", "prompt_strict": 1.0},
+    ]
+    store = ResultsStore(tmp_path / "rows.jsonl")
+    store.append(rows)
+    before = store.path.read_text().splitlines()
+    report = rescore.rescore(store.path, say=lambda text: None)
+    assert report["rescored"] == 2 and report["changed"] == ["benign-off"] and report["prompt_flips"] == ["benign-off"]
+    after = store.path.read_text().splitlines()
+    assert after[0] == before[0] and after[2] == before[2] and after[1] != before[1]
+    assert store.rows()["benign-off"] == {**rows[1], "prompt_strict": 0.0, "schema": 1}
+    assert rescore.rescore(store.path, say=lambda text: None)["changed"] == []
