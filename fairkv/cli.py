@@ -26,7 +26,7 @@ from fairkv.core import models, progress
 from fairkv.core.paths import REPO_ROOT, frozen_run, reports_dir, results_dir
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
 from fairkv.report import figures, paper, readme
-from fairkv.runs import fingerprint, judge, studies, verify
+from fairkv.runs import fingerprint, studies, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "paths",
         nargs="*",
         help="store files (default: every sweep store in the results folder and "
-        "its profile folders; judge scores are not recomputed)",
+        "its profile folders, the judge's scores among them)",
     )
     checking.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store")
     checking.add_argument("--seed", type=int, default=0)
@@ -202,15 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     stamping.add_argument("paths", nargs="+", help="store files")
     stamping.add_argument(
-        "--was", required=True, help="the stamp the rows carry (versions code, /atlas for keep rates)"
+        "--was",
+        required=True,
+        help="the stamp the rows carry (versions code, /atlas for keep rates; judge for a judge's scores)",
     )
     stamping.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store first")
     stamping.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "verify":
-        paths = [Path(p) for p in args.paths] or [
-            path for path in stores_found() if not path.name.startswith(judge.STORE_PREFIX)
-        ]
+        paths = [Path(p) for p in args.paths] or [path for path in stores_found()]
         return run_verify(paths, args.sample, args.seed)
     if args.command == "restamp":
         return run_restamp([Path(p) for p in args.paths], args.was, args.sample, args.seed)

@@ -11,6 +11,7 @@ import torch
 from fairkv.core import data, models, progress, prompts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["FAIRKV_FROZEN"] = "0"  # tests compute into fresh stores, whatever the shell exported (fairkv.core.paths)
 QWEN = "qwen2.5-coder-1.5b"  # the cpu profile's model
 
 # Under pytest-xdist each worker takes its share of the cores, and so do the processes it starts (notebook kernels,

@@ -26,17 +26,20 @@ def stale(store: ResultsStore) -> str | None:
     rows = list(store.rows().values())
     kind = verify.kind_of(store.path, rows)
     now = kind.versions()
-    carried = Counter(verify.stamp(row["versions"]) for row in rows if row["versions"] != now)
-    if not carried:
-        return None
-    stamps = ", ".join(f"{n} rows {stamp}" for stamp, n in carried.items())
-    was = next(iter(carried))
-    return (
-        f"{store.path.relative_to(REPO_ROOT)} ({kind.name}): {stamps}, this code stamps {verify.stamp(now)} "
-        f"(libraries: {[name for name in now if all(row['versions'].get(name) == now[name] for row in rows)] and ''}"
-        f"{sorted({k for row in rows for k in now if row['versions'].get(k) != now[k]})} differ); verify and restamp: "
-        f"`fairkv restamp {store.path.relative_to(REPO_ROOT)} --was {was}`"
+    code = Counter(verify.stamp(row["versions"]) for row in rows if verify.stamp(row["versions"]) != verify.stamp(now))
+    libraries = sorted(
+        {name for row in rows for name in now if name not in verify.STAMPS and row["versions"].get(name) != now[name]}
     )
+    where = f"{store.path.relative_to(REPO_ROOT)} ({kind.name})"
+    if code:
+        stamps = ", ".join(f"{n} rows of code {stamp}" for stamp, n in code.items())
+        return (
+            f"{where}: {stamps}, this checkout's code is {verify.stamp(now)}; verify and restamp: "
+            f"`fairkv restamp {store.path.relative_to(REPO_ROOT)} --was {next(iter(code))}`"
+        )
+    if libraries:
+        return f"{where}: rows computed with other versions of {', '.join(libraries)}: compute them again with these"
+    return None
 
 
 def test_every_committed_store_carries_this_codes_versions():

@@ -138,6 +138,13 @@ def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
     edit(package / "core" / "metrics.py", '["rougeL"].recall', '["rougeL"].fmeasure')
     scored = prints()
     assert scored["sweep"] != before["sweep"] and scored["judge"] == before["judge"]
+    edit(
+        package / "runs" / "experiment.py",
+        "return 0\n        return self.benign_tokens",
+        "return 1\n        return self.benign_tokens",
+    )
+    assert prints()["sweep"] != scored["sweep"]  # a plan's method counts: only its defaults do not
+    scored = prints()
     edit(package / "runs" / "judge.py", "LEAK_SCORE = 2", "LEAK_SCORE = 3")
     judged = prints()
     assert judged["judge"] != scored["judge"] and judged["sweep"] == scored["sweep"]

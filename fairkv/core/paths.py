@@ -29,16 +29,15 @@ class FrozenError(RuntimeError):
 
 def frozen() -> bool:
     """Whether this run renders from stored results only (``FAIRKV_FROZEN=1``)."""
-    return os.environ.get(FROZEN_SETTING, "0") not in ("", "0")
+    return os.environ.get(FROZEN_SETTING) == "1"
 
 
 @contextmanager
 def frozen_run(on: bool = True):
     """Within the block, and in the notebook kernels it starts (they inherit the setting), render from stored results
-    only (with ``on``); the setting is restored after."""
+    only (``on``) or compute what is missing (not ``on``, whatever the environment said); restored after."""
     previous = os.environ.get(FROZEN_SETTING)
-    if on:
-        os.environ[FROZEN_SETTING] = "1"
+    os.environ[FROZEN_SETTING] = "1" if on else "0"
     try:
         yield
     finally:

@@ -79,9 +79,9 @@ class _Worker:
     """A Ray actor: loads the job's model once, then computes the tasks it is given."""
 
     def __init__(self, job, device: str | None):
-        # the versions every row carries (the atlas's own stamp aside; the judge's scores carry none)
-        here, driver = fingerprint.versions(), job.versions or {}
-        changed = {k: (driver.get(k), here[k]) for k in here if driver and driver.get(k) != here[k]}
+        # the versions both the job's rows and the sweep's carry (the atlas's and the judge's own stamps aside)
+        here, driver = fingerprint.versions(), job.versions
+        changed = {k: (driver[k], here[k]) for k in here if k in driver and driver[k] != here[k]}
         if changed:
             raise ExecutorError(
                 f"worker on {os.uname().nodename} has other library versions (driver, worker): "

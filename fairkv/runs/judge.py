@@ -325,7 +325,7 @@ class Job:
         return load_judge(self.name, self.dtype)
 
     def model_key(self) -> tuple:
-        return (self.name, False, self.dtype)
+        return ("judge", self.name, self.dtype)  # SDPA attention: never a sweep's model (eager), nor shared with one
 
     def compute(self, lm: models.LoadedModel, tasks: list[list[str]]) -> Iterator[list[dict]]:
         for task in tasks:
@@ -368,11 +368,22 @@ def judged(
 ) -> dict[str, dict]:
     """The stored score row of every (secret, response) of ``pairs`` (judged key -> pair), by judged key; the missing
     ones are judged (on ``lm``, or the judge loaded at the first) and stored first (``runner.run``, under the store's
-    compute lock: ``wait`` as in ``experiment.run``)."""
+    compute lock: ``wait`` as in ``experiment.run``). A stored score of another (secret, response) under a pair's cell
+    (its row computed again since) and a model given that is not ``name`` in ``dtype`` are errors."""
+    if lm is not None and (lm.name, str(lm.model.dtype)) != (name, f"torch.{dtype}"):
+        raise JudgeError(f"the judge given is {lm.name} in {lm.model.dtype}, not {name} in {dtype}")
     checksum = models.EMBEDDED[name].sha256 if name in models.EMBEDDED else None
     job = Job(name, checksum, dtype, pairs, versions(), batch_size, progress)
-    done = runner.run(job, ResultsStore(store_path(name, folder)), lm=lm, progress=False, wait=wait)
-    return {key: done[cell] for key, cell in job.cells().items()}
+    store = ResultsStore(store_path(name, folder))
+    stored = runner.run(job, store, lm=lm, progress=False, wait=wait)
+    done = {key: stored[cell] for key, cell in job.cells().items()}
+    stale = [key for key, row in done.items() if (row["secret"], row["response"]) != tuple(pairs[key])]
+    if stale:
+        raise JudgeError(
+            f"{store.path} holds scores of other responses under the cells of {len(stale)} judged rows (first: "
+            f"{stale[0]}): their rows were computed again since; move the judge's store away to judge them afresh"
+        )
+    return done
 
 
 def judge_rows(rows: pd.DataFrame, name: str, dtype: str, folder: Path | None = None, **judging) -> pd.DataFrame:

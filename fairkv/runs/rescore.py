@@ -5,7 +5,8 @@ A row's score fields (``metrics.benign_scores``: IFEval's accuracies and per-ins
 a score means (so ``METRICS_VERSION``, part of every cell id, stays), the stored rows are brought up to date here:
 e.g. once langdetect was seeded, the IFEval rows whose language checks had drawn a different verdict from run to run.
 Only rows whose score fields change are rewritten (``ResultsStore.restamp``: other rows keep their bytes); their
-``versions`` stamp is left as it is.
+``versions`` stamp is left as it is: the scoring's edit moved the code's fingerprint, so the store is then verified and
+restamped (``fairkv restamp``) like after any edit of code its rows run.
 
     python -m fairkv.runs.rescore results/cpu/qwen2.5-coder-1.5b.jsonl [--dry-run]
 """

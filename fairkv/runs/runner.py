@@ -28,7 +28,7 @@ from fairkv.runs.store import ResultsStore, StoreError
 
 
 class Job(Protocol):
-    versions: dict | None
+    versions: dict
 
     def cells(self) -> dict: ...
 
@@ -79,9 +79,8 @@ def run(
 
 def _missing(job: Job, ids: dict, done: dict, store: ResultsStore) -> dict:
     """The cells of ``ids`` that ``done`` lacks; a stored one of other versions is an error."""
-    if job.versions is not None:
-        for cid in set(ids.values()) & done.keys():
-            check_versions(done[cid], job.versions, store)
+    for cid in set(ids.values()) & done.keys():
+        check_versions(done[cid], job.versions, store)
     return {key: cid for key, cid in ids.items() if cid not in done}
 
 

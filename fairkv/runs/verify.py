@@ -88,7 +88,8 @@ class Report:
 
 
 def stamp(versions: dict) -> str:
-    """The code a row's ``versions`` name: its fingerprint, and the atlas's beside it for keep rates."""
+    """The code a row's ``versions`` name: its fingerprint, and the atlas's beside it for keep rates; the judge's own
+    for a judge's scores."""
     return "/".join(versions[name] for name in STAMPS if name in versions)
 
 
