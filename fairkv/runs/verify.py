@@ -20,10 +20,12 @@ where one token clearly led) is reported as differing, and the command exits wit
 (``fairkv.runs.judge``) is recomputed from the secret and response its row keeps; alone rather than in a batch of 8,
 its digit must be the same and its continuous columns within ``JUDGE_TOLERANCE``.
 
-bfloat16 rounds by the CPU's kernels too: the committed cpu rows were computed with oneDNN's AVX512-BF16 kernels (AMD
-Zen 4). On an Intel CPU with AMX, oneDNN's default AMX kernels round differently (1,056 of 1,584 keep-rate rows of four
-prompts in both orders differed in a keep rate), and capped to the AVX512-BF16 kernels those of one recompute identically (396 of
-396): there, verify as ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 fairkv verify ...`` (issue 49).
+bfloat16 rounds by the CPU's kernels too: the committed cpu sweep and atlas rows were computed with oneDNN's AVX512-BF16
+kernels (AMD Zen 4), the judge's 1,600 scores with AMX (capped, 2 of 20 sampled changed their digit). On an Intel CPU
+with AMX, oneDNN's default AMX kernels round differently (1,056 of 1,584 keep-rate rows of four prompts in both orders
+differed in a keep rate), and capped to the AVX512-BF16 kernels those of one recompute identically (396 of 396): there,
+verify the sweep's and the atlas's rows as ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 fairkv verify ...`` (issue 49;
+``benchmarks/results/restamp_issue49.txt``). Nothing stamps the kernels a row was computed with yet.
 """
 
 from __future__ import annotations
