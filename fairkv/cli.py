@@ -25,7 +25,8 @@ from fairkv import audit
 from fairkv.core import models, progress
 from fairkv.core.paths import REPO_ROOT, frozen_run, reports_dir, results_dir
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
-from fairkv.report import figures, paper, readme
+from fairkv import studies as claimed
+from fairkv.report import figures, readme
 from fairkv.runs import fingerprint, studies, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
@@ -94,7 +95,7 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None, fr
     print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
     folder = figures.output_dir(profile, parameters.get("output"))
     if any((folder / "tables").glob("*_paper_vs_us.csv")):
-        print(f"summary: {paper.write_summary(folder, f'Paper vs us, {profile} profile')}")
+        print(f"summary: {claimed.write_summary(folder, f'Paper vs us, {profile} profile')}")
         if profile == readme.PROFILE and parameters.get("output") is None:
             try:
                 print(f"results section: {readme.write(REPO_ROOT / 'README.md', folder, profile)}")

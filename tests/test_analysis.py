@@ -1,5 +1,6 @@
 """The paper's derived quantities on hand-worked examples (expected numbers written out), and the studies' grids."""
 
+import importlib
 import json
 import math
 import re
@@ -8,10 +9,12 @@ from collections import Counter
 import pandas as pd
 import pytest
 
+import fairkv.studies
+
 from fairkv import cli
 from fairkv.core import data
 from fairkv.core.paths import results_dir
-from fairkv.report import analysis, paper, verdicts
+from fairkv.report import analysis, verdicts
 from fairkv.runs import experiment, studies
 
 
@@ -85,11 +88,18 @@ def test_pareto_frequency_by_hand():
     assert analysis.pareto_frequency(trec, "strict", "trec_score").set_index("lam")[
         "frequency"
     ].to_dict() == pytest.approx(frequency["strict"])
-    from fairkv.report import paper
+    from fairkv.report import claims as lines
+    from fairkv.studies import debias
+    from fairkv.studies import trec as trec_study
 
-    claims = paper.debiasing(trec.assign(policy="snapkv"), "trec_score", "Table 4")
-    assert set(claims["figure"]) == {"Table 4"} and claims["paper"].str.startswith("lambda=1 40%, lambda=0 10%").all()
-    assert claims["ours"].iloc[0].startswith("lambda=0: 50%, lambda=0.5: 50%, lambda=1: 100% of 2 ratios > 0")
+    # Table 4, declared in fairkv.studies.trec, read by notebook 07's measure; one prompt: no interval, no verdict
+    measured = debias.pareto(trec.assign(policy="snapkv"), trec_study.TABLE4, trec_study.TABLE4_POLICIES, "trec_score")
+    claims = lines.table([lines.line(trec_study.TABLE4, measured, 1)])
+    assert set(claims["figure"]) == {"Table 4"} and claims["paper"].iloc[0] == trec_study.TABLE4.paper_text
+    assert str(trec_study.TABLE4.numbers["snapkv_lambda1"]) in claims["paper"].iloc[0]
+    shown = "SnapKV, normal order (prompts: attack 1, benign 1): strict: lambda=0: 50%, lambda=0.5: 50%, lambda=1: 100%"
+    assert claims["ours"].iloc[0].startswith(f"{shown} of 2 points")
+    assert claims["n"].iloc[0] == 1 and claims["verdict"].iloc[0] == verdicts.INCONCLUSIVE
     with pytest.raises(analysis.AnalysisError, match="unknown dominance rule"):
         analysis.pareto_frequency(pd.DataFrame(rows), "pareto")
 
@@ -748,13 +758,15 @@ def test_each_panel_states_its_own_n_and_small_values_get_their_own_scale():
 
 
 def test_every_study_names_the_claims_its_notebook_checks_and_every_notebook_is_timed():
-    """A study's ``claims`` is a function of ``fairkv.report.paper`` that its notebook calls; the cli's time of every
-    notebook comes from ``studies.MINUTES``; the plans that are not grids have a scale at each profile they list."""
+    """A study's ``claims`` is the module of ``fairkv.studies`` that declares its claims, the one its notebook reads
+    its rows with (``paper_vs_us``); the cli's time of every notebook comes from ``studies.MINUTES``; the plans that are
+    not grids have a scale at each profile they list."""
     notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     for name, chosen in studies.STUDIES.items():
-        assert callable(getattr(paper, chosen.claims)), name
+        module = importlib.import_module(f"fairkv.studies.{chosen.claims}")
+        assert module.CLAIMS and fairkv.studies.MODULES[chosen.notebook] == chosen.claims, name
         (notebook,) = [nb for nb in notebooks if nb.name.startswith(chosen.notebook)]
-        assert f"paper.{chosen.claims}(" in notebook.read_text(), (name, notebook.name)
+        assert re.search(rf"from fairkv.studies import [^\n]*\b{chosen.claims}\b", notebook.read_text()), name
     for kind, minutes in studies.MINUTES.values():
         assert set(minutes) == {nb.name[:2] for nb in notebooks}, kind
     for notebook in notebooks[1:]:  # 00, the quickstart, runs no study

@@ -8,10 +8,14 @@ from kvpress import BasePress
 
 from fairkv.core import data, metrics, prompts, score_once
 from fairkv.core.presses import kept, registry
-from fairkv.report import press_patterns
+from fairkv import studies
+from fairkv.report import press_patterns, verdicts
+from fairkv.report.claims import OURS, SANITY
+from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE
 from fairkv.runs import atlas
 from fairkv.runs.atlas import AtlasError
 from fairkv.runs.store import StoreError
+from fairkv.studies import atlas as atlas_study
 
 
 def test_catalog_names_every_kvpress_press_with_how_or_why_not():
@@ -156,41 +160,94 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
         press_patterns.pattern(press_patterns.bias(rows[rows["order"] == "normal"]))
 
 
-def test_the_atlas_judges_a_press_only_against_the_pattern_the_paper_states():
-    """Three made-up presses with a stated pattern: "late" stated to favour the later span (it does: holds), "early"
-    stated balanced (it favours the earlier span: fails), "noisy" stated to favour the later span (undecided:
-    inconclusive); "defense" and "even" have no stated pattern and get no claim (the patterns table describes them).
-    The attack side: refusal 1.0 -> 0.1 under compression (lost: holds), whitelist 0.95 (restored: holds)."""
-    from fairkv.report import paper
+STATED = {"late": "StreamingLLM", "early": "TOVA", "noisy": "K-Norm"}  # made-up presses under the stated presses' names
 
-    rows = _frame(BIASES)
-    refusals = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
-    attacked = pd.DataFrame(
+
+def _named() -> pd.DataFrame:
+    """The made-up presses, three under the names of the presses whose pattern the paper states (the paper's), and a
+    copy of StreamingLLM's rows under LagKV's name."""
+    rows = _frame(BIASES).assign(press=lambda t: t["press"].replace(STATED))
+    rows["paper"] = rows["press"].isin(STATED.values())
+    copy = rows[rows["press"] == "StreamingLLM"].assign(press="LagKV", paper=False)
+    return pd.concat([rows, copy], ignore_index=True)
+
+
+def _attacked(refusals: dict[str, dict[tuple[str, float], list[int]]]) -> pd.DataFrame:
+    return pd.DataFrame(
         [
-            {"policy": "snapkv", "variant": v, "ratio": r, "key": k, "refused": float(x)}
-            for (v, r), values in refusals.items()
+            {"policy": policy, "variant": v, "ratio": r, "key": k, "refused": float(x)}
+            for policy, settings in refusals.items()
+            for (v, r), values in settings.items()
             for k, x in enumerate(values)
         ]
     )
-    stated = {
-        "late": (press_patterns.LATER, "later"),
-        "early": (press_patterns.BALANCED, "balanced"),
-        "noisy": (press_patterns.LATER, "later"),
+
+
+LOSES = {("base", 0.0): [1] * N, ("base", 0.5): [0] * 18 + [1] * 2, ("whitelist", 0.5): [1] * 19 + [0]}
+KEEPS = {("base", 0.0): [1] * N, ("base", 0.5): [1] * N, ("whitelist", 0.5): [1] * N}
+
+
+def test_a_press_identical_to_another_is_named_and_not_ranked():
+    """LagKV's rows are StreamingLLM's: the patterns table names it "identical to StreamingLLM", and it takes no place
+    among the most biased, whose ranking it would otherwise lead (broken on purpose: the copies not left out of the
+    ranking -> LagKV first)."""
+    rows = _named()
+    same = press_patterns.identical(rows)
+    assert same == {"LagKV": "StreamingLLM"}
+    table = press_patterns.bias(rows)
+    patterns = press_patterns.pattern(table, same).set_index("press")["pattern"]
+    assert patterns["LagKV"] == "identical to StreamingLLM" and patterns["StreamingLLM"] == press_patterns.LATER
+    candidates = ["LagKV", "defense", "even"]
+    assert press_patterns.most_biased(table, candidates, n=2) == ["LagKV", "defense"]
+    assert press_patterns.most_biased(table, candidates, n=2, identical=same) == ["defense", "even"]
+    moved = rows.copy()
+    moved.loc[(moved["press"] == "LagKV") & (moved["key"] == 3), "keep_defense"] += 0.01  # one token of one prompt
+    assert press_patterns.identical(moved) == {}
+
+
+def test_the_atlas_claims_hand_worked(monkeypatch):
+    """The stated patterns: StreamingLLM keeps the later span (a sanity check: holds), TOVA stated balanced favours
+    the earlier span (fails, with why), K-Norm stated earlier is noise (inconclusive); the other presses get no claim.
+    LagKV keeps exactly what StreamingLLM keeps (a sanity check: holds). The attack side: SnapKV loses the refusal
+    (1.0 -> 0.1) and the whitelist restores it (0.95); KeyDiff keeps it (1.0 -> 1.0): the loss does not hold, and its
+    restoration is untestable here, named with its numbers; LagKV's attack rows, a copy's, are not counted (broken on
+    purpose: KeyDiff's restoration decided as a part -> the claim read inconclusive)."""
+    monkeypatch.setattr(studies, "family", lambda: 10)
+    rows = _named()
+    attacked = _attacked({"snapkv": LOSES, "keydiff": KEEPS, "lagkv": LOSES})
+    table = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), attacked, rows=rows)
+    heads = table[table["part"] == ""].set_index("id")
+    assert heads["verdict"].to_dict() == {
+        atlas_study.STREAMING_LATER.id: HOLDS,
+        atlas_study.KNORM_EARLIER.id: INCONCLUSIVE,
+        atlas_study.TOVA_BALANCED.id: FAILS,
+        atlas_study.LAGKV_IS_STREAMING.id: HOLDS,
+        atlas_study.REFUSAL_LOST.id: INCONCLUSIVE,
+        atlas_study.WHITELIST_RESTORES.id: HOLDS,
     }
-    claims = paper.press_atlas(press_patterns.bias(rows), attacked, stated=stated).set_index("claim")
-    assert claims["verdict"].to_dict() == {
-        f"late: {press_patterns.LATER}, both orders (r = 0.5)": "holds",
-        "early: balanced, both orders (r = 0.5)": "fails",
-        f"noisy: {press_patterns.LATER}, both orders (r = 0.5)": "inconclusive",
-        "SnapKV: compression loses the refusal (base, r = 0.5 vs 0)": "holds",
-        "SnapKV: the whitelist restores the refusal (r = 0.5)": "holds",
+    assert heads["status"].to_dict() == {
+        atlas_study.STREAMING_LATER.id: SANITY,
+        atlas_study.KNORM_EARLIER.id: OURS,
+        atlas_study.TOVA_BALANCED.id: OURS,
+        atlas_study.LAGKV_IS_STREAMING.id: SANITY,
+        atlas_study.REFUSAL_LOST.id: OURS,
+        atlas_study.WHITELIST_RESTORES.id: OURS,
     }
-    assert claims.loc["early: balanced, both orders (r = 0.5)", "why"].startswith("model:")
-    assert set(claims["magnitude"]) == {"n.a."} and set(claims["figure"]) == {"12_atlas_bias", "12_atlas_attacks"}
-    default = paper.press_atlas(
-        press_patterns.bias(rows)
-    )  # none of the made-up presses is one whose pattern the paper states
-    assert default.empty
+    assert heads.loc[atlas_study.TOVA_BALANCED.id, "why"].startswith("model: on this model TOVA's pattern is")
+    assert set(heads["magnitude"]) == {verdicts.NOT_APPLICABLE} and set(heads["n"]) == {N}
+    parts = table[table["part"] != ""]
+    assert parts[parts["id"] == atlas_study.REFUSAL_LOST.id]["part"].tolist() == ["SnapKV", "KeyDiff"]
+    restores = heads.loc[atlas_study.WHITELIST_RESTORES.id, "ours"]
+    assert restores.startswith("whitelist - base SnapKV +0.85")  # one part: shown in the line itself
+    assert "untestable here for KeyDiff shows no loss (KeyDiff refused 1.00 at r = 0, 1.00 at r = 0.5" in restores
+    assert "LagKV: identical to StreamingLLM, not counted" in restores
+    assert "largest keep-rate difference 0.00" in heads.loc[atlas_study.LAGKV_IS_STREAMING.id, "ours"]
+    alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": KEEPS}), rows=rows)
+    line = alone[alone["part"] == ""].set_index("id").loc[atlas_study.WHITELIST_RESTORES.id]
+    assert line["verdict"] == UNTESTABLE and "KeyDiff shows no loss" in line["why"]
+    assert "untestable here: KeyDiff shows no loss" in line["ours"]
+    others = _frame({key: value for key, value in BIASES.items() if key[0] in ("defense", "even")})
+    assert studies.paper_vs_us(atlas_study, press_patterns.bias(others)).empty  # no press whose pattern is stated
 
 
 def test_a_press_that_raises_on_a_prompt_is_recorded_with_its_error(smollm, records, templates):

@@ -8,10 +8,13 @@ import pandas as pd
 import pytest
 
 from fairkv.core import data, metrics, multispan, prompts
-from fairkv.report import analysis, paper
-from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE
+from fairkv import studies
+from fairkv.report import analysis, figures
+from fairkv.report.claims import OURS, SANITY
+from fairkv.report.verdicts import FAILS, HOLDS, UNTESTABLE
 from fairkv.runs import experiment
 from fairkv.runs.experiment import GridError
+from fairkv.studies import beyond
 
 
 def test_span_prompts_are_written_and_checked_by_ifeval():
@@ -119,13 +122,14 @@ def test_critical_ratio_hand_worked():
     assert np.isnan(table.loc["never", "critical_ratio"])  # nothing to lose at r = 0
 
 
-def test_beyond_claims_hand_worked():
-    """Ten prompts alike (so every interval is as narrow as the values allow); each verdict worked out by hand."""
+def _hand_worked_rows():
+    """Ten prompts per span count (their own keys), each as the others (so every interval is as narrow as the values
+    allow); two attack categories; three defense templates."""
     keys = range(10)
     spans = pd.DataFrame(
         [  # one span per (prompt, N): it is the smallest span
             {
-                "key": k,
+                "key": 100 * n + k,
                 "n_spans": n,
                 "span": "span0",
                 "policy": "streamingllm",
@@ -189,27 +193,107 @@ def test_beyond_claims_hand_worked():
             for k in keys
         ]
     )
-    claims = paper.beyond(spans, attacks, defenses, ["weak", "strong"]).set_index("claim")["verdict"]
+    return spans, attacks, defenses
+
+
+def _claims(*inputs, **options) -> pd.DataFrame:
+    return studies.paper_vs_us(beyond, *inputs, **options)
+
+
+def test_beyond_claims_hand_worked(monkeypatch):
+    """Each verdict worked out by hand; every claim is ours except the sanity check on the smallest span, which is
+    listed apart; the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one part per count
+    (broken on purpose: the smallest span's claim declared a finding -> its status was wrong; n pooled -> 20)."""
+    monkeypatch.setattr(studies, "family", lambda: 10)
+    spans, attacks, defenses = _hand_worked_rows()
+    table = _claims(spans, attacks, defenses, ["weak", "strong"])
+    heads = table[table["part"] == ""].set_index("id")
     expected = {
-        "N spans: fair eviction keeps the smallest span": (HOLDS, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
-        "N spans: fair eviction raises per-span compliance": (FAILS, "+0.3 at N=2, -0.1 at N=8"),
-        "many attacks: StreamingLLM at r = 0.5 raises leakage": (FAILS, "A rises, B falls: 1 of 2 is not most"),
-        "many attacks: StreamingLLM at r = 0.5 drops the refusal": (HOLDS, "refusal 1 -> 0 on every prompt"),
-        "many attacks: whitelist lowers mean leakage": (HOLDS, "mean 0.35 -> 0.15 on every prompt"),
-        "many attacks: fair lowers mean leakage": (FAILS, "mean 0.35 -> 0.50 on every prompt"),
-        "many attacks: the whitelist keeps the refusal": (HOLDS, "whitelist refusal 1 at r = 0.5, base 0"),
-        "defense strength: each stronger template refuses": (HOLDS, "5 -> 9 of 10 paired: Newcombe [+0.07, ...]"),
-        "defense strength: a stronger template moves the critical ratio": (HOLDS, "weak halves at 0.3, strong never"),
+        beyond.SMALLEST_SPAN_KEPT.id: (HOLDS, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
+        beyond.COMPLIANCE_RAISED.id: (FAILS, "+0.3 at N=2, -0.1 at N=8"),
+        beyond.CATEGORIES_RISE.id: (FAILS, "A rises, B falls: 1 of 2 is not most"),
+        beyond.REFUSAL_DROPPED.id: (HOLDS, "refusal 1 -> 0 on every prompt"),
+        beyond.WHITELIST_LOWERS.id: (HOLDS, "mean 0.35 -> 0.15 on every prompt"),
+        beyond.FAIR_LOWERS.id: (FAILS, "mean 0.35 -> 0.50 on every prompt"),
+        beyond.WHITELIST_KEEPS_REFUSAL.id: (HOLDS, "whitelist refusal 1 at r = 0.5, base 0"),
+        beyond.STRONGER_REFUSES.id: (HOLDS, "5 -> 9 of 10 paired: Newcombe [+0.07, ...]"),
+        beyond.CRITICAL_MOVES.id: (HOLDS, "weak halves at 0.3, strong never"),
     }
-    assert len(claims) == len(expected)
-    got = {key: next(v for c, v in claims.items() if c.startswith(key)) for key in expected}
+    assert list(heads.index) == [claim.id for claim in beyond.CLAIMS]
     changed = {
-        key: f"expected {want} ({why}), got {got[key]}" for key, (want, why) in expected.items() if got[key] != want
+        claim: f"expected {want} ({why}), got {heads.loc[claim, 'verdict']}"
+        for claim, (want, why) in expected.items()
+        if heads.loc[claim, "verdict"] != want
     }
     assert not changed, changed
-    reversed_ = paper.beyond(spans, attacks, defenses, ["strong", "weak"])
-    assert reversed_["verdict"].iloc[-2:].tolist() == [FAILS, FAILS]
-    silent = paper.beyond(spans, attacks, defenses, ["weak", "silent"])  # no critical ratio without a refusal
-    assert silent["verdict"].iloc[-1] == INCONCLUSIVE
+    statuses = heads["status"].to_dict()
+    assert statuses.pop(beyond.SMALLEST_SPAN_KEPT.id) == SANITY and set(statuses.values()) == {OURS}
+    for claim in (beyond.SMALLEST_SPAN_KEPT, beyond.COMPLIANCE_RAISED):
+        parts = table[(table["id"] == claim.id) & (table["part"] != "")]
+        assert heads.loc[claim.id, "n"] == 10 and parts["part"].tolist() == ["N=2", "N=8"]
+        assert parts["n"].tolist() == [10, 10]
+    assert (
+        "-0.10" in heads.loc[beyond.COMPLIANCE_RAISED.id, "ours"]
+        or "N=8: 0.60 -> 0.50" in (heads.loc[beyond.COMPLIANCE_RAISED.id, "ours"])
+    )
+    assert heads.loc[beyond.COMPLIANCE_RAISED.id, "why"].startswith("model: ")
+    reversed_ = _claims(spans, attacks, defenses, ["strong", "weak"]).set_index("id")
+    assert reversed_.loc[[beyond.STRONGER_REFUSES.id, beyond.CRITICAL_MOVES.id], "verdict"].iloc[[0, -1]].tolist() == [
+        FAILS,
+        FAILS,
+    ]
+    silent = _claims(spans, attacks, defenses, ["weak", "silent"])  # no critical ratio without a refusal
+    line = silent[silent["part"] == ""].set_index("id").loc[beyond.CRITICAL_MOVES.id]
+    assert line["verdict"] == UNTESTABLE and "silent never refused at r = 0 (refusal 0.00)" in line["ours"]
     with pytest.raises(analysis.AnalysisError, match="no compressed H2O rows"):
-        paper.beyond(spans, attacks, defenses, ["weak"], policy="h2o")
+        _claims(spans, attacks, defenses, ["weak"], policy="h2o")
+
+
+def test_span_figure_draws_the_smallest_span_with_each_counts_n():
+    """Two spans per prompt kept at 0.2 and 0.8 under the base policy at r = 0.5 (mean 0.5): the figure draws 0.2,
+    the smallest span's keep rate its claim reads, and names each count's prompts (broken on purpose: the mean span
+    keep rate drawn -> 0.5)."""
+    rows = pd.DataFrame(
+        [
+            {
+                "key": 100 * n + k,
+                "n_spans": n,
+                "span": s,
+                "variant": v,
+                "ratio": r,
+                "keep_rate": keep,
+                "compliance": 1.0,
+            }
+            for n in (2, 3)
+            for k in range(4 if n == 2 else 6)
+            for v in ("base", "fair")
+            for r in (0.0, 0.5)
+            for s, keep in (("span1", 1.0 if r == 0 else 0.2), ("span2", 1.0 if r == 0 else 0.8))
+        ]
+    )
+    fig = figures.span_figure(rows, "t")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "2 spans (n = 4 prompts):\nsmallest span keep rate" in titles
+    assert "3 spans (n = 6 prompts):\ncompliance (mean over spans)" in titles
+    smallest = [ax for ax in fig.axes if ax.get_title().endswith("smallest span keep rate")]
+    drawn = {round(float(y), 6) for ax in smallest for line in ax.lines for y in line.get_ydata()}
+    assert drawn == {1.0, 0.2}
+
+
+def test_budget_figure_axis_and_labels_agree_and_each_point_has_its_n():
+    """Spans keeping 4 to 26 tokens: the axis's ticks run to the largest bin (30), its label names the bins as drawn
+    (no "60 = 60+"), and every point is labelled with the spans in it (broken on purpose: bins clipped at 60 and the
+    old label -> the label check failed)."""
+    rows = pd.DataFrame(
+        [
+            {"key": k, "n_spans": n, "variant": v, "ratio": 0.5, "kept_tokens": kept, "compliance": float(kept > 10)}
+            for n in (2, 5)
+            for v in ("base", "fair")
+            for k, kept in enumerate([4, 6, 14, 26] * (1 if n == 2 else 2))
+        ]
+    )
+    fig = figures.budget_figure(rows, "t")
+    assert {ax.get_xlabel() for ax in fig.axes} == {"tokens kept in the span (nearest 10)"}
+    for ax in fig.axes:  # bins 0, 10, 30: 1, 2, 1 spans with 2 spans in the prompt, 2, 4, 2 with 5
+        assert max(ax.get_xticks()) == 30
+        assert sorted(int(text.get_text()) for text in ax.texts) == [1, 1, 2, 2, 2, 4]

@@ -1,5 +1,5 @@
 """The package's layers: ``core`` (what a row is made of) < ``runs`` (how rows are computed and kept) < ``report``
-and ``audit`` (what rows say) < the command line. A module imports only its own layer or lower ones, and the modules'
+and ``audit`` (what rows say) < ``studies`` (each study's claims, declared once) < the command line. A module imports only its own layer or lower ones, and the modules'
 imports (those inside functions too) form no cycle."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fairkv.runs.fingerprint import PACKAGE
 
-LAYERS = {"core": 0, "runs": 1, "report": 2, "audit": 2}
-TOP = 3  # cli.py and the package's __init__.py
+LAYERS = {"core": 0, "runs": 1, "report": 2, "audit": 2, "studies": 3}
+TOP = 4  # cli.py and the package's __init__.py
 
 
 def layer(module: str) -> int:
@@ -66,7 +66,7 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_every_module_sits_in_a_layer():
     strays = [m for m in graph() if "/" not in m and m not in ("__init__.py", "cli.py")]
-    assert strays == [], f"modules outside core/, runs/, report/, audit/: {strays}"
+    assert strays == [], f"modules outside core/, runs/, report/, audit/, studies/: {strays}"
 
 
 def test_no_module_imports_a_higher_layer():
@@ -84,4 +84,5 @@ def test_imports_form_no_cycle():
 def test_the_checks_catch_what_they_look_for():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
-    assert layer("core/data.py") < layer("runs/experiment.py") < layer("report/paper.py") < layer("cli.py")
+    assert layer("core/data.py") < layer("runs/experiment.py") < layer("report/claims.py") < layer("studies/leakage.py")
+    assert layer("studies/leakage.py") < layer("cli.py")

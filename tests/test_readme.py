@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fairkv.report import coverage, paper, readme, verdicts
+from fairkv.report import claims as claim_lines
+from fairkv.report import coverage, readme, verdicts
 from fairkv.runs import studies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def test_write_replaces_only_the_text_between_the_markers(tmp_path):
     page.write_text("no markers here\n")
     with pytest.raises(readme.ReadmeError, match="needs one"):
         readme.write(page, CPU)
-    with pytest.raises(readme.ReadmeError, match="no paper-vs-us table"):
+    with pytest.raises(readme.ReadmeError, match="no \\*_paper_vs_us.csv table"):
         readme.section(tmp_path)
     (tmp_path / "tables").mkdir()
     for name in ("03_paper_vs_us.csv", "03_fig4_benign_refusals.csv"):
@@ -64,6 +65,11 @@ def _claims(**verdict_of) -> pd.DataFrame:
                 "magnitude": magnitude,
                 "why": why,
                 "figure": figure,
+                "id": f"t.{name}",
+                "bonferroni": "",
+                "noise": "",
+                "status": claim_lines.FINDING,
+                "part": "",
             }
         )
     return pd.DataFrame(rows)
@@ -81,30 +87,35 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     lines = readme.bottom_line(claims, "tiny")
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
     assert lines[1] == (
-        "- **Does not:** 1 fail (c), 1 are inconclusive; in magnitude 2 of the 3 claims the paper gives "
-        "a number for differ from it."
+        "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 claims the paper "
+        "gives a number for, 1 match it, 2 differ and the rest are too uncertain to say."
     )
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claims)."
 
 
 def test_each_notebook_closes_with_what_we_see_at_its_profile():
-    """The closing cell: counts, what holds, what fails grouped by why, what differs beside the paper's number, what
-    is inconclusive; the ci profile's pipeline-check sentence only at ci."""
+    """The closing cell: counts, what holds, what fails with why, what is inconclusive, what differs beside the
+    paper's number; the ci profile's pipeline-check sentence only at ci; a sanity check apart, not counted."""
     claims = _claims(
         a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
         c=(verdicts.FAILS, verdicts.NOT_APPLICABLE, "model: other ranking", "Fig 3"),
         d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "", "Fig 9"),
     )
-    cpu = paper.closing(claims, "qwen", "cpu", 100).split("\n\n")
+    claims = pd.concat(
+        [claims, _claims(e=(verdicts.HOLDS, verdicts.NOT_APPLICABLE, "", "Fig 7")).assign(status=claim_lines.SANITY)]
+    )
+    cpu = claim_lines.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
-        "**What we see** on qwen (cpu profile, n = 100 prompts): of 3 claims, in direction 1 holds, 1 fails, "
-        "1 inconclusive; in magnitude 0 matches, 1 differs, 2 n.a.",
+        "**What we see** on qwen (cpu profile, n = 100 prompts): 3 claims, in direction 1 holds, 1 fails, "
+        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; 1 sanity "
+        "check apart",
         "Holds: a.",
-        "Fails (model: other ranking): c.",
-        "Differs from the paper's number (model: echoes): a (paper ~0.5; ours 0.10 [0.05, 0.15]).",
+        "Fails: c (model: other ranking).",
         "Inconclusive (the interval straddles the claim's bound): d.",
+        "Differs from the paper's number: a (paper ~0.5; ours 0.10 [0.05, 0.15]).",
+        "Sanity checks (true on any model by construction, not counted): e: holds.",
     ]
-    ci = paper.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
+    ci = claim_lines.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
     assert ci[0] == "SYNTHETIC data (pipeline check)" and ci[2].startswith("At the `ci` profile")
     assert not any("pipeline, not the science" in line for line in cpu)
 

@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv.report import analysis, paper, verdicts
-from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, Estimate
+from fairkv.report import claims, verdicts
+from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE, Estimate
 
 
 def prompts(values) -> pd.Series:
@@ -88,11 +89,19 @@ def test_compound_claims_and_undefined_intervals():
     "estimate, paper, kind, expected",
     [
         (Estimate(0.13, 0.08, 0.17, 100), (0.50, 0.55), "leakage", verdicts.DIFFERS),  # directive leakage: 3-4x below
-        (Estimate(0.13, 0.08, 0.17, 100), 0.27, "leakage", verdicts.MATCHES),  # 0.27 <= 0.17 + 0.10
-        (Estimate(0.13, 0.08, 0.17, 100), 0.28, "leakage", verdicts.DIFFERS),
+        (Estimate(0.13, 0.08, 0.17, 100), 0.27, "leakage", verdicts.TOO_UNCERTAIN),  # [0.17, 0.37] holds 0.17, not 0.08
+        (Estimate(0.13, 0.08, 0.17, 100), 0.28, "leakage", verdicts.DIFFERS),  # [0.18, 0.38] lies above 0.17
+        (Estimate(0.13, 0.08, 0.17, 100), 0.15, "leakage", verdicts.MATCHES),  # [0.05, 0.25] holds [0.08, 0.17]
         (Estimate(1.00, 0.98, 1.01, 10), 1.33, "cost", verdicts.DIFFERS),  # the whitelist's compression cost
-        (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.MATCHES),
+        (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.TOO_UNCERTAIN),  # 0.97 below 1.08 - 0.10
+        (Estimate(1.05, 1.00, 1.10, 10), 1.08, "cost", verdicts.MATCHES),
         (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
+        (
+            Estimate(-0.2, -0.60, 0.20, 100),
+            0.30,
+            "share",
+            verdicts.TOO_UNCERTAIN,
+        ),  # Table 3: a share that cannot differ
         (Estimate(0.5, 0.1, 0.9, 4), 0.5, "share", verdicts.NOT_APPLICABLE),  # too few prompts for an interval
         (Estimate(0.5, 0.1, 0.9, 40), None, "share", verdicts.NOT_APPLICABLE),  # the paper gives no number
     ],
@@ -104,7 +113,9 @@ def test_magnitude_compares_the_papers_number_with_our_interval(estimate, paper,
 def test_magnitude_of_several_parts_and_bad_kind():
     assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.MATCHES]) == verdicts.MATCHES
     assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]) == verdicts.DIFFERS
-    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.NOT_APPLICABLE]) == verdicts.NOT_APPLICABLE
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.NOT_APPLICABLE]) == verdicts.TOO_UNCERTAIN
+    assert verdicts.all_magnitudes([verdicts.NOT_APPLICABLE]) == verdicts.NOT_APPLICABLE
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.TOO_UNCERTAIN]) == verdicts.TOO_UNCERTAIN
     with pytest.raises(verdicts.VerdictError, match="unknown kind of quantity 'speed'"):
         verdicts.magnitude(Estimate(0.1, 0.0, 0.2, 10), 0.1, "speed")
 
@@ -121,171 +132,145 @@ def test_resampled_statistic_keeps_prompts_paired():
     assert np.isnan(verdicts.resampled(rows[rows["key"] == 0], statistic).low)  # one prompt: no interval
 
 
-def keep_rows(directive: float, defense: float, n: int = 10, ratios=(0.0, 0.5)) -> pd.DataFrame:
-    """Keep-rate rows of all five policies in both orders: the later span keeps ``directive`` (normal order), the
-    earlier ``defense``; flipped, the roles swap; with a small per-prompt wobble."""
-    rows = []
-    for key in range(n):
-        wobble = 0.01 * (key % 3)
-        for policy in ("streamingllm", "h2o", "snapkv", "tova", "knorm"):
-            for order, (d, f) in (("normal", (directive, defense)), ("flipped", (defense, directive))):
-                for ratio in ratios:
-                    rows.append(
-                        {
-                            "key": key,
-                            "policy": policy,
-                            "variant": "base",
-                            "order": order,
-                            "ratio": ratio,
-                            "keep_directive": d + wobble,
-                            "keep_defense": f + wobble,
-                        }
-                    )
-    return pd.DataFrame(rows)
+def test_resampled_counts_a_prompt_drawn_twice_twice():
+    """Resampling prompts with replacement: a prompt drawn twice is two units, also for a statistic that deduplicates
+    by prompt or cell (notebook 10's rank agreement dropped the repeats: its interval was too narrow). Drawing units
+    [0, 0, 1] names them 0, 0#1, 1; the count of distinct prompts is then always 10, never fewer (broken on purpose:
+    without the renaming the interval is [5, 8])."""
+    rows = pd.DataFrame([{"key": k, "cell_id": f"c{k}", "v": float(k)} for k in range(10)])
+    drawn = verdicts._draw(rows, "key", [np.array([k]) for k in range(10)], np.array([0, 0, 1]))
+    assert drawn["key"].tolist() == ["0", "0#1", "1"] and drawn["cell_id"].tolist() == ["c0", "c0#1", "c1"]
+    distinct = verdicts.resampled(rows, lambda f: f.drop_duplicates("cell_id")["key"].nunique())
+    assert (distinct.low, distinct.high) == (10, 10)
 
 
-def test_claims_read_at_the_papers_ratio_or_refuse():
-    """Fig 7: directive 0.9, defense 0.4 on 10 prompts: StreamingLLM keeps the later span (holds), the bias reverses
-    (holds), K-Norm favours the earlier span in both orders (fails: it favours the later one here), TOVA keeps the
-    defense as well as the directive (fails). Without r = 0.5 in the rows the claims are an error, not r = 0.7's."""
-    claims = paper.pitfall5(keep_rows(0.9, 0.4)).set_index("claim")
-    assert claims["verdict"].tolist() == [HOLDS, HOLDS, FAILS, FAILS]
-    assert (claims["n"] == 10).all() and "difference +0.50 [+0.50, +0.50]" in claims["ours"].iloc[0]
-    with pytest.raises(analysis.AnalysisError, match=r"needs r = 0.5; the rows hold r in \[0.0, 0.7\]"):
-        paper.pitfall5(keep_rows(0.9, 0.4, ratios=(0.0, 0.7)))
-    few = paper.pitfall5(keep_rows(0.9, 0.4, n=1))  # one prompt: a point estimate is never a finding
-    assert set(few["verdict"]) == {INCONCLUSIVE}
+def test_an_interval_at_another_level_and_bonferroni():
+    """Every estimator gives its interval at another level: Wilson and Newcombe recomputed, a bootstrap from its own
+    draws (the normal interval once the tail holds fewer than MIN_TAIL_DRAWS draws). 3 of 10 at 99.9% (z = 3.29):
+    Wilson centre (0.3 + 0.541) / 2.083 = 0.404, half width 3.29 x sqrt(0.021 + 0.0271) / 2.083 = 0.346: [0.058,
+    0.750]; a claim above 0.1 that holds at 95% is inconclusive there."""
+    estimate = verdicts.rate([1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+    low, high = estimate.interval(0.999)
+    assert low == pytest.approx(0.058, abs=0.001) and high == pytest.approx(0.750, abs=0.001)
+    assert verdicts.decide(estimate, above=0.1) == HOLDS
+    assert verdicts.decide(estimate, above=0.1, level=0.999) == INCONCLUSIVE
+    boot = verdicts.mean(np.linspace(0.0, 1.0, 40))
+    assert boot.interval(0.999)[0] < boot.low and boot.interval(0.999)[1] > boot.high
+    assert Estimate(0.4, 0.1, 0.5, 10).interval(0.999) == (0.1, 0.5)  # written by hand: its one interval
+    assert claims.bonferroni_level(40) == pytest.approx(0.99875)
 
 
-def test_magnitude_compares_the_papers_keep_rates_and_says_why_it_differs():
-    """Fig 7's StreamingLLM keep rates (paper: directive 0.90-0.95, defense 0.40-0.50): 0.9 / 0.4 match; 0.6 / 0.4
-    differ, with the reason; a claim without a number of the paper is n.a."""
-    matching = paper.pitfall5(keep_rows(0.9, 0.4))
-    assert matching["magnitude"].tolist()[0] == verdicts.MATCHES and matching["why"].iloc[0] == ""
-    differing = paper.pitfall5(keep_rows(0.6, 0.4))
-    assert differing["magnitude"].iloc[0] == verdicts.DIFFERS and differing["why"].iloc[0].startswith("model: ")
-    assert (matching["magnitude"].iloc[1:] == verdicts.NOT_APPLICABLE).all()
-    assert matching["why"].iloc[2].startswith("model: ")  # K-Norm's claim fails here: why is said
+def test_a_null_within_its_margin_fails_and_one_straddling_it_is_inconclusive():
+    """Fig 6's defense-leakage rise, -0.004 [-0.01, +0.003]: a precise null. With the claim's margin 0.02 it fails
+    ("no effect"); without a margin it would be inconclusive for ever; [-0.01, +0.03] reaches past the margin:
+    inconclusive (broken on purpose: the null test removed -> this read inconclusive)."""
+    rise = Estimate(-0.004, -0.01, 0.003, 100)
+    assert verdicts.decide(rise, above=0.0) == INCONCLUSIVE
+    assert verdicts.decide(rise, above=0.0, margin=0.02) == FAILS
+    assert verdicts.decide(Estimate(0.01, -0.01, 0.03, 100), above=0.0, margin=0.02) == INCONCLUSIVE
+    assert verdicts.decide(Estimate(0.05, 0.03, 0.08, 100), above=0.0, margin=0.02) == HOLDS
+    with pytest.raises(verdicts.VerdictError, match="one bound"):
+        verdicts.decide(rise, above=-0.05, below=0.05, margin=0.02)
+    assert verdicts.all_of([HOLDS, UNTESTABLE]) == UNTESTABLE and verdicts.all_of([FAILS, UNTESTABLE]) == FAILS
 
 
-def judged_rows(n: int = 20) -> pd.DataFrame:
-    """StreamingLLM's judged attack rows: no leak at r = 0, every response a leak at r = 0.5, none with the
-    whitelist."""
-    rows = []
-    for key in range(n):
-        for variant, ratio, leak in (("base", 0.0, 0), ("base", 0.5, 1), ("whitelist", 0.5, 0)):
-            rows.append(
-                {
-                    "key": key,
-                    "policy": "streamingllm",
-                    "variant": variant,
-                    "ratio": ratio,
-                    "judge_leak": leak,
-                    "judge_expected": 3.0 * leak + 0.01 * key,
-                    analysis.LEAKAGE: 0.5 * leak + 0.001 * key,
-                    "cell_id": f"{key}-{variant}-{ratio}",
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
-    """The judge's calibration is quoted beside each claim; with its interval below 0.8 every claim resting on it is
-    inconclusive, however clear the rows (broken on purpose: the caveat ignored -> 'holds')."""
-    calibration = lambda low: pd.DataFrame(
-        [{"kind": "all", "n": 36, "accuracy": low + 0.1, "low": low, "high": min(low + 0.2, 1.0)}]
+def claim(**changes) -> Claim:
+    declared = dict(
+        id="t.drop",
+        figure="Fig 4",
+        claim="the mitigation lowers leakage",
+        paper="{before} -> {after}",
+        numbers={
+            "before": Number(0.5, "leakage"),
+            "after": Number(0.1, "leakage"),
+            "change": Number(-0.4, "difference"),
+        },
+        below=0.0,
+        region="a decrease",
+        margin=0.02,
+        null="a fifth of the smallest effect",
     )
-    trusted = paper.judge(judged_rows(), calibration=calibration(0.85)).set_index("claim")
-    assert trusted["verdict"].iloc[:2].tolist() == [HOLDS, HOLDS]
-    assert "judge right on 0.95 [0.85, 1.00] of 36 labelled responses" in trusted["ours"].iloc[0]
-    poor = paper.judge(judged_rows(), calibration=calibration(0.53))
-    assert set(poor["verdict"]) == {INCONCLUSIVE} and "(below 0.8: decides nothing)" in poor["ours"].iloc[0]
-    assert poor["paper"].iloc[-1] == paper.OURS  # the rank agreement with ROUGE-L is our claim, not the paper's
+    return Claim(**{**declared, **changes})
 
 
-def test_summary_counts_the_three_verdicts(tmp_path):
-    table = pd.DataFrame(
-        [
-            paper._claim("Fig 4", "a", "x", "0.5 [0.2, 0.8]", HOLDS, 10),
-            paper._claim("Fig 4", "b", "x", "y", FAILS, 10),
-            paper._claim("Fig 4", "c", "x", "y", INCONCLUSIVE, 10),
-        ]
+def one(declared: Claim, measured: Measured) -> dict:
+    return claims.heads(claims.table([claims.line(declared, measured, 10)])).iloc[0].to_dict()
+
+
+def test_a_claims_line_hand_worked_cases():
+    """One line per claim, from its declaration and measurement: an informative match, too uncertain, a change that
+    matches while the levels differ, an equivalence fail, untestable, a multi-part claim, the judge's gate."""
+    change = Estimate(-0.35, -0.40, -0.30, 100)
+    exact = Measured(
+        [Part("change", change)],
+        "x",
+        100,
+        {"before": Estimate(0.5, 0.45, 0.55, 100), "after": Estimate(0.15, 0.10, 0.20, 100), "change": change},
     )
-    tables = tmp_path / "tables"
-    tables.mkdir()
-    table = pd.concat(
-        [
-            table.assign(magnitude=[verdicts.MATCHES, verdicts.DIFFERS, verdicts.NOT_APPLICABLE]),
-            pd.DataFrame([paper._claim("Fig 4", "d", paper.OURS, "y", FAILS, 10, why="code")]),
-        ]
+    line = one(claim(), exact)
+    assert (line["verdict"], line["magnitude"], line["paper"]) == (HOLDS, verdicts.MATCHES, "0.50 -> 0.10")
+    wide = Measured([Part("change", change)], "x", 100, {"after": Estimate(0.3, 0.05, 0.55, 100)})
+    assert one(claim(), wide)["magnitude"] == verdicts.TOO_UNCERTAIN
+    lower = Measured(
+        [Part("change", change)], "x", 100, {"before": Estimate(0.12, 0.08, 0.16, 100), "change": change}, "why: x"
     )
-    table.to_csv(tables / "03_paper_vs_us.csv", index=False)
-    table.iloc[:1].to_csv(tables / "12_paper_vs_us.csv", index=False)  # a notebook beyond the paper: ours
-    summary = paper.write_summary(tmp_path, "t").read_text()
-    paper_part, ours = summary.split(
-        "## Beyond the paper: our own claims (notebooks 03, 12): 2 claims; direction: 1 holds, 1 fails, 0 inconclusive"
-    )
+    line = one(claim(), lower)
     assert (
-        "## The paper's claims (notebooks 03): 3 claims; direction: 1 holds, 1 fails, 1 inconclusive; magnitude: "
-        "1 matches, 1 differs, 1 n.a."
-    ) in paper_part
-    assert "### Notebook 03: 1 holds, 1 fails, 1 inconclusive (of 3)" in paper_part and "0.5 [0.2, 0.8]" in paper_part
-    assert "### Notebook 03: 0 holds, 1 fails, 0 inconclusive (of 1)" in ours  # the claim the paper does not make
-    assert "### Notebook 12, the press atlas: 1 holds, 0 fails, 0 inconclusive (of 1)" in ours
-    assert "leakage 0.1" in summary  # the tolerances, stated once
-    # a table from before verdicts (a "holds" column of True / False) names itself and the notebook to re-run
-    table.drop(columns="verdict").assign(holds=True).to_csv(tables / "11_paper_vs_us.csv", index=False)
-    (tables / "11_paper_vs_us.md").write_text("old")
-    with pytest.raises(paper.SummaryError, match=r"11_paper_vs_us.csv has no verdict column.*re-run notebook 11"):
-        paper.write_summary(tmp_path, "t")
+        line["magnitude"] == verdicts.DIFFERS and "change matches" in line["ours"] and "before differs" in line["ours"]
+    )
+    assert line["why"] == "why: x"  # shown because the magnitude differs
+    null = Measured([Part("change", Estimate(-0.004, -0.01, 0.003, 100))], "x", 100, why="why: y")
+    line = one(claim(), null)
+    assert line["verdict"] == FAILS and "no effect, within +-0.02" in line["ours"] and line["why"] == "why: y"
+    floor = Measured([Part("change", change)], "x", 100, {"after": Estimate(0.1, 0.05, 0.15, 100)}, untestable="at 0")
+    line = one(claim(), floor)
+    assert (line["verdict"], line["magnitude"]) == (UNTESTABLE, verdicts.NOT_APPLICABLE)
+    assert "untestable here: at 0" in line["ours"]
+    parts = [Part("a", change), Part("b", change), Part("c", Estimate(0.2, 0.1, 0.3, 50), decides=False)]
+    table = claims.table([claims.line(claim(), Measured(parts, "x", 100), 10)])
+    assert len(table) == 4 and len(claims.heads(table)) == 1 and table["verdict"].iloc[0] == HOLDS
+    assert table["part"].iloc[3] == "c (shown, does not decide)" and table["verdict"].iloc[3] == "(fails)"
+    failing = [Part("a", change), Part("b", Estimate(0.2, 0.1, 0.3, 50))]
+    assert one(claim(), Measured(failing, "x", 100))["verdict"] == FAILS
+    gated = Measured([Part("change", change)], "x", 100, {"change": change}, gate="the judge is poor")
+    line = one(claim(judged=True), gated)
+    assert (line["verdict"], line["magnitude"]) == (INCONCLUSIVE, verdicts.NOT_APPLICABLE)
+    assert one(claim(), gated)["verdict"] == HOLDS  # a claim not resting on the judge ignores its gate
 
 
-def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10) -> pd.DataFrame:
-    """Rows of the fair-eviction study in one order: attack rows (directive leakage) on ``n_attack`` prompts, benign
-    rows (accuracy) on the first ``n_benign``, as the cpu profile runs its two sides. StreamingLLM's accuracy at every
-    r > 0: 1 base / 0.5 fair in the normal order, 0 base / 0.5 fair flipped; fair halves leakage everywhere."""
-    accuracy = {("normal", "base"): 1.0, ("flipped", "base"): 0.0}
-    rows = []
-    for policy in ("streamingllm", "snapkv"):
-        for variant in variants:
-            for ratio in (0.0, 0.4, 0.5, 0.6, 0.7):
-                for key in range(n_attack):
-                    leak = 0.0 if ratio == 0 else (0.4 if variant == "base" else 0.2)
-                    rows.append(
-                        {
-                            "key": key,
-                            "policy": policy,
-                            "variant": variant,
-                            "order": order,
-                            "ratio": ratio,
-                            "query": "attack",
-                            analysis.LEAKAGE: leak + 0.01 * (key % 3),
-                        }
-                    )
-                for key in range(n_benign):
-                    rows.append(
-                        {
-                            "key": key,
-                            "policy": policy,
-                            "variant": variant,
-                            "order": order,
-                            "ratio": ratio,
-                            "query": "benign",
-                            analysis.ACCURACY: accuracy.get((order, variant), 0.5),
-                        }
-                    )
-    return pd.DataFrame(rows)
+def test_declarations_refuse_what_the_rules_cannot_read():
+    with pytest.raises(claims.ClaimError, match="equivalence margin"):
+        claim(margin=None, null="")
+    with pytest.raises(claims.ClaimError, match="name 'peak'"):
+        claim(paper="{peak}")
+    with pytest.raises(claims.ClaimError, match="why the bound"):
+        claim(region="")
+    assert claim(margin=None, null="", effect=False).effect is False  # a level against a bound: no null to decide
+    assert claim(margin=None, null="", status=claims.SANITY).status == claims.SANITY
+    with pytest.raises(claims.ClaimError, match="not among the paper's numbers"):
+        one(claim(), Measured([Part("x", Estimate(0.1, 0.0, 0.2, 10))], "x", 10, {"peak": Estimate(0.1, 0.0, 0.2, 10)}))
 
 
-def test_fair_eviction_claims_count_the_prompts_of_their_own_side():
-    """Leakage claims read the 20 attack prompts; the order-gap claim reads accuracy, which only 10 prompts have: its
-    n is 10 (a bootstrap over all 20 would draw prompts without accuracy and report n = 20). The gap shrinks from 1 to
-    0 on every prompt: holds."""
-    claims = paper.fair_eviction(
-        fair_rows("normal", ("base", "whitelist", "fair")), fair_rows("flipped", ("base", "fair"))
-    ).set_index("claim")
-    leakage = claims.filter(like="lowers StreamingLLM directive leakage", axis=0)
-    assert leakage["n"].tolist() == [20] and leakage["verdict"].tolist() == [HOLDS]
-    gap = claims.filter(like="order effect", axis=0)
-    assert gap["n"].tolist() == [10] and gap["verdict"].tolist() == [HOLDS]
-    assert "+1.00 [+1.00, +1.00]" in gap["ours"].iloc[0]
+def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
+    """Two findings (one of two parts), one of ours and a sanity check: the paper's section counts 2 claims, not 4
+    rows; the sanity check is listed apart and counted nowhere; a claim whose verdict changes at the Bonferroni level
+    is named in the preamble (broken on purpose: counting rows -> '4 claims')."""
+    change = Estimate(-0.35, -0.40, -0.30, 100)
+    borderline = Estimate(-0.05, -0.09, -0.008, 100)
+    lines = [
+        claims.line(claim(), Measured([Part("a", change), Part("b", change)], "x", 100), 4),
+        claims.line(claim(id="t.two"), Measured([Part("c", borderline)], "y", 100), 4),
+        claims.line(claim(id="t.ours", status=claims.OURS), Measured([Part("c", change)], "z", 100), 4),
+        claims.line(claim(id="t.window", status=claims.SANITY), Measured([Part("c", change)], "w", 100), 4),
+    ]
+    (tmp_path / "tables").mkdir()
+    claims.table(lines).to_csv(tmp_path / "tables" / "03_paper_vs_us.csv", index=False)
+    text = claims.write_summary(tmp_path, "t", 4, "thresholds here").read_text()
+    assert "## The paper's claims: 2 claims; direction: 2 holds, 0 fails, 0 inconclusive, 0 untestable here" in text
+    assert "## Beyond the paper: our own claims: 1 claims" in text
+    assert "## Sanity checks (not counted): 0 claims;" in text and "1 sanity checks apart" in text
+    assert "thresholds here" in text and "↳ a" in text
+    assert "1 - 5% / 4 = 0.98750, none would change" in text  # hand-written estimates have one interval
+    pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
+    with pytest.raises(claims.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):
+        claims.write_summary(tmp_path, "t", 4, "")

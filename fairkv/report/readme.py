@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import coverage, paper, verdicts
+from fairkv.report import analysis, claims, coverage, verdicts
 from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
@@ -29,15 +29,18 @@ class ReadmeError(ValueError):
 
 
 def paper_claims(folder: Path) -> pd.DataFrame:
-    """The paper's claims from the folder's paper-vs-us tables (not the notebooks beyond the paper, not claims of our
-    own), with the notebook each comes from."""
-    tables = sorted((Path(folder) / "tables").glob("*_paper_vs_us.csv"))
-    frames = [(table.name[:2], pd.read_csv(table, keep_default_na=False)) for table in tables]
-    frames = [claims[~paper.is_ours(claims, number)].assign(notebook=number) for number, claims in frames]
-    frames = [claims for claims in frames if len(claims)]
-    if not frames:
-        raise ReadmeError(f"no paper-vs-us table under {Path(folder) / 'tables'}: run the notebooks first")
-    return pd.concat(frames, ignore_index=True)
+    """The paper's claims from the folder's paper-vs-us tables, one row per claim (not its parts, not our claims, not
+    the sanity checks), with the notebook each comes from."""
+    try:
+        frames = claims.read_tables(folder)
+    except FileNotFoundError as missing:
+        raise ReadmeError(str(missing)) from None
+    every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
+    found = claims.heads(every)
+    found = found[found["status"] == claims.FINDING]
+    if found.empty:
+        raise ReadmeError(f"no claim of the paper in the paper-vs-us tables under {Path(folder) / 'tables'}")
+    return found.reset_index(drop=True)
 
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
@@ -47,14 +50,17 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     fails = claims[claims["verdict"] == verdicts.FAILS]
     sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
     differ = sized[sized["magnitude"] == verdicts.DIFFERS]
+    matches = sized[sized["magnitude"] == verdicts.MATCHES]
     items = ", ".join(dict.fromkeys(holds["figure"]))
     reasons = Counter(claims.loc[claims["why"] != "", "why"]).most_common(2)
     said = "; ".join(f"{why} ({count} claims)" for why, count in reasons)
     return [
         f"- **Reproduces:** on {model}, {len(holds)} of the paper's {len(claims)} claims hold in direction ({items}).",
         f"- **Does not:** {len(fails)} fail ({'; '.join(fails['claim'])}), "
-        f"{int((claims['verdict'] == verdicts.INCONCLUSIVE).sum())} are inconclusive; in magnitude {len(differ)} of the "
-        f"{len(sized)} claims the paper gives a number for differ from it.",
+        f"{int((claims['verdict'] == verdicts.INCONCLUSIVE).sum())} are inconclusive, "
+        f"{int((claims['verdict'] == verdicts.UNTESTABLE).sum())} untestable here; in magnitude, of the {len(sized)} "
+        f"claims the paper gives a number for, {len(matches)} match it, {len(differ)} differ and the rest are too "
+        "uncertain to say.",
         f"- **Likely reason:** {said or 'none given'}.",
     ]
 
@@ -130,10 +136,10 @@ def confounds(folder: Path, profile: str) -> list[str]:
         f"StreamingLLM's benign answers stop at the cap at r = 0, {shares[peak]} at r = {float(peak):g}, the most "
         "(`03_fig4_capped`; the paper allows 1280); a capped answer fails IFEval's length, ending and combination "
         "checks, so part of the change in accuracy with r is the cap. Accuracy claims print the share and say when it "
-        f"changes by {paper.CAP_DRIVES:g} or more.",
+        f"changes by {analysis.CAP_DRIVES:g} or more.",
         f"- **A self-judging small judge.** The LLM judge is the audited model judging its own answers, right on "
         f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "
-        f"{paper.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
+        f"{analysis.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
         "- **ROUGE-L counts obeying a short directive as leakage.** An answer that carries the directive's own phrase "
         "(as the directive asks) recalls part of it; the paper's metric shares this limit.",
     ]
@@ -144,24 +150,26 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
     folder; default the folder's grandparent, the repository root for ``figures/<profile>``)."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent
-    claims = paper_claims(folder)
+    found = paper_claims(folder)
     grid = studies.PROFILES[profile]
     parts = [
         f"On the `{profile}` profile ({grid.note}).",
         "",
-        *bottom_line(claims, grid.model),
+        *bottom_line(found, grid.model),
         "",
-        f"### The paper's claims at a glance ({len(claims)}: direction "
-        f"{paper.counted(claims, 'verdict', verdicts.VERDICTS)}; magnitude "
-        f"{paper.counted(claims, 'magnitude', verdicts.MAGNITUDES)})",
+        f"### The paper's claims at a glance ({len(found)}: direction "
+        f"{claims.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
+        f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)})",
         "",
-        "Direction: the claim holds, fails or is inconclusive on our 95% interval; magnitude: the paper's number inside "
-        "our interval widened by a tolerance per kind of quantity (`fairkv.report.verdicts.TOLERANCE`), or n.a. where the "
-        f"paper gives none. Every claim in full, with why it fails or differs: "
+        "Direction: the claim holds, fails (outside, or a null within its margin) or is inconclusive on our 95% "
+        "interval, or is untestable here; magnitude: our interval inside the paper's number widened by a tolerance per "
+        "kind of quantity (matches), wholly away from it (differs), neither (too uncertain), or n.a. where the paper "
+        "gives none (`fairkv.report.verdicts`). One line per claim; sanity checks are not counted. Every claim in "
+        f"full, with its parts and why it fails or differs: "
         f"{coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the paper: "
         f"{coverage.link(link_from / 'docs' / 'beyond_the_paper.md', link_from)}.",
         "",
-        at_a_glance(claims, folder, link_from),
+        at_a_glance(found, folder, link_from),
         "",
         gallery(folder, link_from),
         "",

@@ -9,18 +9,25 @@ one value per prompt:
   proportions (method 10, from Wilson intervals) when both are 0/1, else a seeded paired bootstrap over prompts.
 
 ``decide``: a claim ``holds`` when the whole interval lies inside the claimed region, ``fails`` when none of it does
-(the interval excludes the claimed effect, e.g. it lies at or below no effect for a claimed increase), and is
-``inconclusive`` otherwise: this is the claim's *direction*. A bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts
-prints no interval ("too few prompts for an interval (n = 2)") and decides nothing (inconclusive): with four prompts
-that all show no change it is [0, 0], which would read as a finding; Wilson and Newcombe intervals stay honest at
-small n and decide at any n. A compound claim (a ranking, a shape) is the conjunction of its parts (``all_of``): it
-holds when every part holds, fails when any part fails, else is inconclusive. ``resampled`` gives any other statistic
-(a spread over classes, a rank correlation, a Pareto share) an interval by resampling prompts. Numbers print with two
-decimals, or one significant digit where two decimals would show a value that is not 0 as 0 (``number``).
+(the interval excludes the claimed effect, e.g. it lies at or below no effect for a claimed increase) or when it lies
+wholly within the claim's equivalence ``margin`` around its bound (a null decided: "no effect, within +-m"), and is
+``inconclusive`` otherwise: this is the claim's *direction*. A claim that cannot be tested on this model (the base
+already at the metric's floor: nothing to lower or restore) is ``untestable here``, with its reason
+(``fairkv.report.claims``). A bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts prints no interval ("too few prompts
+for an interval (n = 2)") and decides nothing (inconclusive): with four prompts that all show no change it is [0, 0],
+which would read as a finding; Wilson and Newcombe intervals stay honest at small n and decide at any n. A compound
+claim is the conjunction of its parts (``all_of``). ``resampled`` gives any other statistic (a spread over classes, a
+rank correlation, a Pareto share) an interval by resampling prompts with replacement, a prompt drawn twice counting
+twice. Numbers print with two decimals, or one significant digit where two decimals would show a value that is not 0
+as 0 (``number``). Every estimate can give its interval at another level (``Estimate.interval``): the summary's
+Bonferroni column decides each claim again at 1 - 5% / (the number of claims tested).
 
-``magnitude``: whether the paper's own number (its figures', approximate) lies inside our interval widened by a
-tolerance per kind of quantity (``TOLERANCE``, stated once here): ``matches``, ``differs``, or ``n.a.`` when the paper
-gives no number. A direction can hold while the magnitude differs (the effect is there, smaller).
+``magnitude``: whether our estimate is about the paper's own number (its figures', approximate), within a tolerance
+per kind of quantity (``TOLERANCE``, stated once here): ``matches`` when our whole interval lies inside the paper's
+number widened by the tolerance (so our interval is narrower than that window, and the match informs), ``differs``
+when the widened number lies wholly outside our interval, ``too uncertain`` when they overlap but our interval is too
+wide to say, ``n.a.`` when the paper gives no number. A direction can hold while the magnitude differs (the effect is
+there, smaller).
 
 The paper reports no intervals; these are ours.
 """
@@ -28,20 +35,25 @@ The paper reports no intervals; these are ours.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from scipy import stats
+
 from fairkv.core.metrics import proportion_ci
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
-VERDICTS = (HOLDS, FAILS, INCONCLUSIVE)
+HOLDS, FAILS, INCONCLUSIVE, UNTESTABLE = "holds", "fails", "inconclusive", "untestable here"
+VERDICTS = (HOLDS, FAILS, INCONCLUSIVE, UNTESTABLE)
+LEVEL = 0.95  # every interval printed
 MIN_BOOTSTRAP = 10  # prompts below which a bootstrap gives no interval and decides nothing
-MATCHES, DIFFERS, NOT_APPLICABLE = "matches", "differs", "n.a."
-MAGNITUDES = (MATCHES, DIFFERS, NOT_APPLICABLE)
-# How far outside our 95% interval the paper's number may lie and still match, per kind of quantity: the paper's
-# numbers are read off its figures (about +-0.05) on another model (Llama-3.1-8B), so a match is "about the same".
+MIN_TAIL_DRAWS = 10  # bootstrap draws a percentile bound needs in its tail (95%: 25 of 1,000, 10 of 400); fewer: normal
+MATCHES, DIFFERS, TOO_UNCERTAIN, NOT_APPLICABLE = "matches", "differs", "too uncertain", "n.a."
+MAGNITUDES = (MATCHES, DIFFERS, TOO_UNCERTAIN, NOT_APPLICABLE)
+# How far from the paper's number ours may lie and still be "about the same", per kind of quantity: the paper's
+# numbers are read off its figures (about +-0.05) on another model (Llama-3.1-8B).
 TOLERANCE = {
     "rate": 0.10,  # refusal, leak or judge rate
     "leakage": 0.10,  # ROUGE-L recall
@@ -67,6 +79,13 @@ class Estimate:
     high: float
     n: int
     method: str = "bootstrap"  # wilson, newcombe or bootstrap (over prompts)
+    at_level: Callable[[float], tuple[float, float]] | None = field(default=None, compare=False, repr=False)
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        """The interval at ``level`` (the estimator's own rule; an estimate written by hand has its one interval)."""
+        if level == LEVEL or self.at_level is None:
+            return self.low, self.high
+        return self.at_level(level)
 
     def __str__(self) -> str:
         return self._show("")
@@ -112,15 +131,29 @@ def _values(values) -> np.ndarray:
     return array
 
 
-def bootstrap_ci(values: np.ndarray, level: float = 0.95, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values: np.ndarray, level: float = LEVEL, n_boot: int = 1000, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (seeded, so tables are reproducible); NaN below two values (then
     every claim on it is inconclusive)."""
+    return _draws_interval(_mean_draws(values, n_boot, seed), level)
+
+
+def _mean_draws(values, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
+        return np.array([])
+    return np.random.default_rng(seed).choice(values, size=(n_boot, len(values))).mean(axis=1)
+
+
+def _draws_interval(draws: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval of bootstrap draws at ``level``; where its tail would hold fewer than
+    ``MIN_TAIL_DRAWS`` draws (a Bonferroni level), the normal interval from the draws' mean and spread."""
+    if not len(draws):
         return float("nan"), float("nan")
-    draws = np.random.default_rng(seed).choice(values, size=(n_boot, len(values))).mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
+    tail = (1 - level) / 2
+    if tail * len(draws) >= MIN_TAIL_DRAWS:
+        return float(np.percentile(draws, tail * 100)), float(np.percentile(draws, 100 - tail * 100))
+    half = stats.norm.ppf(1 - tail) * float(np.std(draws, ddof=1))
+    return float(np.mean(draws) - half), float(np.mean(draws) + half)
 
 
 def rate(values) -> Estimate:
@@ -128,8 +161,8 @@ def rate(values) -> Estimate:
     array = _values(values)
     if not _binary(array):
         raise VerdictError(f"a rate needs 0/1 values, got {sorted(set(array.tolist()))[:5]}")
-    low, high = proportion_ci(int(array.sum()), len(array))
-    return Estimate(float(array.mean()), low, high, len(array), "wilson")
+    k, n = int(array.sum()), len(array)
+    return Estimate(float(array.mean()), *proportion_ci(k, n), n, "wilson", lambda level: proportion_ci(k, n, level))
 
 
 def mean(values) -> Estimate:
@@ -137,18 +170,21 @@ def mean(values) -> Estimate:
     array = _values(values)
     if _binary(array):
         return rate(array)
-    low, high = bootstrap_ci(array)
-    return Estimate(float(array.mean()), low, high, len(array))
+    return _bootstrapped(float(array.mean()), _mean_draws(array), len(array))
 
 
-def newcombe(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """95% interval of mean(a) - mean(b) for paired 0/1 outcomes (Newcombe 1998, method 10)."""
+def _bootstrapped(value: float, draws: np.ndarray, n: int) -> Estimate:
+    return Estimate(value, *_draws_interval(draws, LEVEL), n, "bootstrap", lambda level: _draws_interval(draws, level))
+
+
+def newcombe(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Interval of mean(a) - mean(b) for paired 0/1 outcomes (Newcombe 1998, method 10)."""
     n = len(a)
     both, only_a = int(((a == 1) & (b == 1)).sum()), int(((a == 1) & (b == 0)).sum())
     only_b, neither = int(((a == 0) & (b == 1)).sum()), int(((a == 0) & (b == 0)).sum())
     p1, p2 = (both + only_a) / n, (both + only_b) / n
-    l1, u1 = proportion_ci(both + only_a, n)
-    l2, u2 = proportion_ci(both + only_b, n)
+    l1, u1 = proportion_ci(both + only_a, n, level)
+    l2, u2 = proportion_ci(both + only_b, n, level)
     margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
     phi = (both * neither - only_a * only_b) / math.sqrt(margins) if margins else 0.0
     delta = p1 - p2
@@ -173,62 +209,93 @@ def difference(a: pd.Series, b: pd.Series) -> Estimate:
         raise VerdictError("a paired comparison needs one value per prompt on each side")
     x, y = a.sort_index().to_numpy(dtype=float), b.sort_index().to_numpy(dtype=float)
     if _binary(x) and _binary(y):
-        return Estimate(float((x - y).mean()), *newcombe(x, y), len(x), "newcombe")
-    low, high = bootstrap_ci(x - y)
-    return Estimate(float((x - y).mean()), low, high, len(x))
+        return Estimate(float((x - y).mean()), *newcombe(x, y), len(x), "newcombe", lambda level: newcombe(x, y, level))
+    return _bootstrapped(float((x - y).mean()), _mean_draws(x - y), len(x))
 
 
-def decide(estimate: Estimate, above: float | None = None, below: float | None = None) -> str:
-    """Whether the claimed region (value > ``above`` and/or value < ``below``) holds the interval.
+def decide(
+    estimate: Estimate,
+    above: float | None = None,
+    below: float | None = None,
+    margin: float | None = None,
+    level: float = LEVEL,
+) -> str:
+    """Whether the claimed region (value > ``above`` and/or value < ``below``) holds the interval at ``level``.
 
-    holds: the whole interval lies inside the region; fails: no part of it does; else inconclusive (also when the
-    interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
+    holds: the whole interval lies inside the region; fails: no part of it does, or (``margin``, a claim of one bound)
+    it lies wholly within ``margin`` of the bound: no effect worth the name either way; else inconclusive (also when
+    the interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
     if above is None and below is None:
         raise VerdictError("a claim needs a region: above and/or below")
-    if estimate.too_few or math.isnan(estimate.low):
+    if margin is not None and (above is None) == (below is None):
+        raise VerdictError("an equivalence margin belongs to a claim of one bound (above or below)")
+    low, high = estimate.interval(level)
+    if estimate.too_few or math.isnan(low):
         return INCONCLUSIVE
-    inside = (above is None or estimate.low > above) and (below is None or estimate.high < below)
-    outside = (above is not None and estimate.high <= above) or (below is not None and estimate.low >= below)
-    return HOLDS if inside else FAILS if outside else INCONCLUSIVE
+    inside = (above is None or low > above) and (below is None or high < below)
+    outside = (above is not None and high <= above) or (below is not None and low >= below)
+    bound = above if above is not None else below
+    null = margin is not None and bound - margin <= low and high <= bound + margin
+    return HOLDS if inside else FAILS if outside or null else INCONCLUSIVE
+
+
+def is_null(estimate: Estimate, bound: float, margin: float | None) -> bool:
+    """The interval lies wholly within ``margin`` of ``bound`` (a null decided)."""
+    return (
+        margin is not None
+        and not math.isnan(estimate.low)
+        and bound - margin <= estimate.low
+        and (estimate.high <= bound + margin)
+    )
 
 
 def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kind: str) -> str:
-    """``matches`` when the paper's number (or any part of its range) lies inside our 95% interval widened by
-    ``TOLERANCE[kind]`` on both sides, ``differs`` when it lies outside; ``n.a.`` when the paper gives no number or we
-    have no interval."""
+    """``matches`` when our 95% interval lies inside the paper's number (or range) widened by ``TOLERANCE[kind]`` on
+    both sides, ``differs`` when the widened number lies wholly outside our interval, ``too uncertain`` when they
+    overlap otherwise (our interval is too wide to tell), ``n.a.`` when the paper gives no number or we have no
+    interval."""
     if kind not in TOLERANCE:
         raise VerdictError(f"unknown kind of quantity {kind!r}: use one of {', '.join(TOLERANCE)}")
     if paper is None or estimate.too_few or math.isnan(estimate.low):
         return NOT_APPLICABLE
     low, high = (paper, paper) if isinstance(paper, (int, float)) else paper
-    tolerance = TOLERANCE[kind]
-    return MATCHES if high >= estimate.low - tolerance and low <= estimate.high + tolerance else DIFFERS
+    tolerance = TOLERANCE[kind] + 1e-9  # a bound exactly at the window's edge is inside it, whatever the rounding
+    if low - tolerance <= estimate.low and estimate.high <= high + tolerance:
+        return MATCHES
+    if estimate.high < low - tolerance or estimate.low > high + tolerance:
+        return DIFFERS
+    return TOO_UNCERTAIN
 
 
 def all_magnitudes(magnitudes: list[str]) -> str:
-    """A quantity of several parts (a ranking): matches when every part does, differs when any does, else n.a."""
-    return (
-        DIFFERS
-        if DIFFERS in magnitudes
-        else MATCHES
-        if magnitudes and all(m == MATCHES for m in magnitudes)
-        else NOT_APPLICABLE
-    )
+    """A quantity of several parts: differs when any part differs, matches when every part matches, n.a. when none
+    has a number, else too uncertain."""
+    if DIFFERS in magnitudes:
+        return DIFFERS
+    if magnitudes and all(m == MATCHES for m in magnitudes):
+        return MATCHES
+    return NOT_APPLICABLE if all(m == NOT_APPLICABLE for m in magnitudes) else TOO_UNCERTAIN
 
 
 def all_of(verdicts: list[str]) -> str:
-    """A claim made of several parts: holds when all hold, fails when any fails, else inconclusive."""
+    """A claim made of several parts: holds when all hold, fails when any fails, untestable when any part is (and
+    none fails), else inconclusive."""
     if not verdicts:
         raise VerdictError("a compound claim needs at least one part")
-    return FAILS if FAILS in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else INCONCLUSIVE
+    if FAILS in verdicts:
+        return FAILS
+    if UNTESTABLE in verdicts:
+        return UNTESTABLE
+    return HOLDS if all(v == HOLDS for v in verdicts) else INCONCLUSIVE
 
 
 def resampled(rows: pd.DataFrame, statistic, by: str = "key", n_boot: int = 400, seed: int = 0) -> Estimate:
     """``statistic(rows)`` with a percentile bootstrap interval over the units in column ``by`` (prompts): for claims
     that are no mean of per-prompt values (a spread over classes, a rank correlation, a Pareto share, a gap between
     two means). Each draw takes as many units as there are, with replacement, with all their rows (so paired settings
-    stay paired); draws where the statistic is undefined (NaN) are left out, and the interval is NaN when more than
-    half are."""
+    stay paired); a unit drawn twice is renamed in its second copy (``by`` and, where present, ``cell_id`` get a
+    suffix), so a statistic that groups or deduplicates by them counts it twice, as resampling with replacement means.
+    Draws where the statistic is undefined (NaN) are left out, and the interval is NaN when more than half are."""
     units = rows[by].to_numpy()
     names, inverse = np.unique(units, return_inverse=True)
     members = [np.flatnonzero(inverse == k) for k in range(len(names))]
@@ -237,9 +304,35 @@ def resampled(rows: pd.DataFrame, statistic, by: str = "key", n_boot: int = 400,
     draws = []
     for _ in range(n_boot):
         chosen = rng.integers(0, len(names), len(names))
-        draws.append(float(statistic(rows.iloc[np.concatenate([members[k] for k in chosen])])))
+        draws.append(float(statistic(_draw(rows, by, members, chosen))))
     draws = np.array(draws)
     valid = draws[~np.isnan(draws)]
     if len(valid) < n_boot / 2 or len(names) < 2:
         return Estimate(value, float("nan"), float("nan"), len(names))
-    return Estimate(value, float(np.percentile(valid, 2.5)), float(np.percentile(valid, 97.5)), len(names))
+    return Estimate(
+        value, *_draws_interval(valid, LEVEL), len(names), "bootstrap", lambda level: _draws_interval(valid, level)
+    )
+
+
+def _draw(rows: pd.DataFrame, by: str, members: list[np.ndarray], chosen: np.ndarray) -> pd.DataFrame:
+    """The rows of the ``chosen`` units, each repeat of a unit renamed (``<unit>#<copy>``) so it stays a unit of its
+    own."""
+    picked = rows.iloc[np.concatenate([members[k] for k in chosen])]
+    copies = np.concatenate([np.full(len(members[k]), c) for c, k in zip(_copy_numbers(chosen), chosen)])
+    if not copies.any():
+        return picked
+    suffix = np.where(copies > 0, np.char.add("#", copies.astype(str)), "")
+    renamed = {by: picked[by].astype(str).to_numpy() + suffix}
+    if "cell_id" in picked and by != "cell_id":
+        renamed["cell_id"] = picked["cell_id"].astype(str).to_numpy() + suffix
+    return picked.assign(**renamed)
+
+
+def _copy_numbers(chosen: np.ndarray) -> list[int]:
+    """For each drawn unit, how many times it was drawn before (0 for its first copy)."""
+    seen: dict[int, int] = {}
+    out = []
+    for k in chosen:
+        out.append(seen.get(int(k), 0))
+        seen[int(k)] = out[-1] + 1
+    return out

@@ -90,7 +90,7 @@ def profile(name: str, **overrides) -> experiment.Grid:
     return PROFILES[name].with_overrides(**overrides)
 
 
-# the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.report.paper: Figs 8 at 0.6,
+# the ratios up to where the whitelist still fits, with those the claims are read at (fairkv.studies: Figs 8 at 0.6,
 # 9 at 0.7, Table 1 over 0.4-0.7, peaks at 0.5)
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
 CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
@@ -120,8 +120,8 @@ class Study:
     ``axes``: the grid fields every profile shares (which orders, variants, lambdas and query kinds the paper's figures
     use). ``scale``: per profile, what sets its size on top of the profile's grid (prompts, ratios, policies; "benign":
     the benign query's own part, ``BENIGN_SIDE``) or, for the studies that are not a grid of the sweep (the atlas's
-    keep rates, the runtime, the judge), the fields of their plan. ``claims``: the function of
-    ``fairkv.report.paper`` that reads its rows into the paper's claims; ``figures``: the figures and tables its
+    keep rates, the runtime, the judge), the fields of their plan. ``claims``: the module of
+    ``fairkv.studies`` that declares the claims its rows are read into; ``figures``: the figures and tables its
     notebook writes from its rows (``figures/<profile>/``, tables in ``tables/``; the notebook's claims table with its
     first study). ``sweep``: a grid of the paper's sweep
     (``run``); the others have a scale only at the profiles listed."""
@@ -146,7 +146,7 @@ STUDIES: dict[str, Study] = {
             # the paper scores IFEval on all 539 records of sys_ifeval (leakage on the first 100 of the shuffled set)
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
-        "pitfall1",
+        "degradation",
         figures=("01_fig2a_class_accuracy", "01_fig2b_spearman", "01_benign_refusals", "01_paper_vs_us"),
     ),
     "policies": Study(
@@ -158,7 +158,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(GROWN_BENIGN),
             "paper": dict(dataset="sys_ifeval", n_prompts=None),
         },
-        "pitfall2",
+        "policies",
         figures=("02_fig3_accuracy", "02_fig3_spearman", "02_benign_refusals", "02_paper_vs_us"),
     ),
     "leakage": Study(
@@ -170,7 +170,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",), **GROWN_SIDE)),
             "paper": dict(n_prompts=100),
         },
-        "pitfalls3_4",
+        "leakage",
         figures=(
             "03_fig4_leakage",
             "03_fig4_compliance",
@@ -194,7 +194,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(ratios=TEN_RATIOS),
             "paper": dict(n_prompts=100),
         },
-        "pitfall5",
+        "keep_rates",
         figures=("04_fig7_keep_rates", "04_paper_vs_us"),
     ),
     # Figs 8-9 and Table 1 are normal order at the cpu profile (Fig 14, flipped, is fair_flipped's); accuracy at
@@ -208,7 +208,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(CPU_MITIGATIONS),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
-        "whitelisting",
+        "whitelist",
         figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_paper_vs_us"),
     ),
     "fair": Study(
@@ -220,7 +220,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(CPU_MITIGATIONS),
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
-        "fair_eviction",
+        "fair",
         figures=("06_fig9_fair", "06_fig13_defense", "06_table1", "06_paper_vs_us"),
     ),
     "fair_flipped": Study(
@@ -235,7 +235,7 @@ STUDIES: dict[str, Study] = {
             ),
             "paper": dict(n_prompts=100),
         },
-        "fair_eviction",
+        "fair",
         figures=("06_fig14_flipped",),
     ),
     # Appendix G-H, Figs 15-18; at the cpu profile StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage
@@ -249,7 +249,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
             "paper": dict(n_prompts=100),
         },
-        "debiasing",
+        "debias",
         figures=("07_fig15_lambda_plane", "07_table3_pareto", "07_paper_vs_us"),
     ),
     # one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.core.longbench;
@@ -283,7 +283,7 @@ STUDIES: dict[str, Study] = {
             "cpu": dict(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
             "paper": dict(n_prompts=None, ratios=TEN_RATIOS),
         },
-        "debiasing",
+        "trec",
         figures=("08_fig17_trec_lambda_plane", "08_table4_pareto"),
     ),
     # Appendix K: the runtime plan's fields (``fairkv.runs.runtime.Plan``); benchmarks/runtime.py measures all five
@@ -410,7 +410,7 @@ STUDIES: dict[str, Study] = {
         "12",
         "beyond the paper: the press atlas's keep rates",
         scale={"ci": dict(n_prompts=2, ratios=(0.3, 0.5)), "cpu": dict(n_prompts=100, ratios=ATLAS_RATIOS)},
-        claims="press_atlas",
+        claims="atlas",
         figures=(
             "12_atlas_bias",
             "12_atlas_keep_rates",
@@ -427,7 +427,7 @@ STUDIES: dict[str, Study] = {
         "beyond the paper: the most biased presses under the attack",
         dict(variants=("base", "whitelist", "fair"), queries=("attack",), orders=NORMAL),
         {"ci": dict(n_prompts=2, ratios=(0.0, 0.5)), "cpu": dict(n_prompts=100, ratios=ATTACK_RATIOS)},
-        "press_atlas",
+        "atlas",
         figures=("12_atlas_attacks",),
         sweep=False,
     ),

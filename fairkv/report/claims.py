@@ -1,0 +1,444 @@
+"""A claim declared once, as data, beside its study; the rules that turn its measurement into one line; the counts.
+
+A study module (``fairkv.studies.<name>``) declares each claim it tests as a ``Claim``: a stable id, the paper's item
+(figure or table), the claim as tested, the paper's words with its numbers (``numbers``: each written once, as a value
+that both the printed paper column and the magnitude check read), the region its direction is decided against and why
+that bound, the equivalence margin that decides a null and why that margin, and its status: a finding of the paper, a
+claim of ours, or a sanity check (it holds on any model by the policy's definition or by construction, so it can
+confirm the pipeline but is no finding). The module's function reads its rows into a ``Measured`` per claim (its
+parts' estimates, our text, n and, computed from the rows, why it fails or differs) and ``line`` applies these rules:
+
+- **Direction.** Each part is decided by ``verdicts.decide`` against its region (the claim's unless the part names
+  its own) with the claim's margin: ``holds``, ``fails`` (outside the region, or a null within the margin: "no effect,
+  within +-m"), ``inconclusive``. A claim of several parts is one line: the parts that decide combine by
+  ``verdicts.all_of`` (holds when all hold, fails when any fails), and parts kept for information only (an order, a
+  dominance rule the paper does not read) are shown below it.
+- **Untestable.** A claim the rows cannot test on this model (the base already at the metric's floor: nothing to
+  lower or restore) reads ``untestable here`` with the reason, which its measurement computes from the rows.
+- **The judge's gate.** A claim that rests on the judge's scores (``judged``) decides nothing while the judge's
+  calibration is too poor (``Measured.gate``): inconclusive, no magnitude. Claims about the judge are not gated.
+- **Magnitude.** For each paper number the claim declares and the measurement estimates, ``verdicts.magnitude`` with
+  that number's kind; a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a change matches
+  while a level differs (or the other way) the line says which.
+- **Multiplicity.** Every direction is decided again at the Bonferroni level 1 - 5% / k, k the findings declared
+  across the studies (``fairkv.studies.family``); the column ``bonferroni`` shows the verdict there when it differs.
+- **Decoding noise.** Where the profile's decoding noise was measured (``fairkv.report.noise``), a claim whose
+  deciding part has an interval end within the noise's reach of a threshold (its bound, or the bound +- its margin)
+  says so in the column ``noise``: re-decoding its cells under another batch plan could move its verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from fairkv.report import verdicts
+from fairkv.report.noise import Noise
+
+FINDING, OURS, SANITY = "finding", "ours", "sanity check"
+STATUSES = (FINDING, OURS, SANITY)
+COLUMNS = (
+    "id",
+    "figure",
+    "claim",
+    "paper",
+    "ours",
+    "n",
+    "verdict",
+    "magnitude",
+    "why",
+    "bonferroni",
+    "noise",
+    "status",
+    "part",
+)
+NO_NUMBER = "no number"  # the paper column of a claim the paper states in words only
+
+
+class ClaimError(ValueError):
+    """A declaration or a measurement the rules cannot read."""
+
+
+@dataclass(frozen=True)
+class Number:
+    """One of the paper's numbers (read off its figures, approximate, Llama-3.1-8B unless noted), or its range, and
+    the kind of quantity it is (``verdicts.TOLERANCE``)."""
+
+    value: float | tuple[float, float]
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in verdicts.TOLERANCE:
+            raise ClaimError(f"unknown kind {self.kind!r}: use one of {', '.join(verdicts.TOLERANCE)}")
+
+    def __str__(self) -> str:
+        low, high = self.value if isinstance(self.value, tuple) else (self.value, self.value)
+        show = _percent if self.kind == "share" else _cost if self.kind == "cost" else _plain
+        return show(low) if low == high else f"{show(low)} to {show(high)}"
+
+
+def _plain(value: float) -> str:
+    return verdicts.number(value, "+" if value < 0 else "")
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def _cost(value: float) -> str:
+    return f"x{value:.2f}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as tested here, declared once (see the module's docstring)."""
+
+    id: str  # stable: "<study>.<name>"
+    figure: str  # the paper's item (Fig 4, Table 1) or, beyond the paper, our figure's name
+    claim: str  # what is tested, in words (it may quote the study's settings, never a paper number)
+    paper: str  # the paper's words; {name} fields print ``numbers[name]``
+    numbers: dict[str, Number] = field(default_factory=dict)
+    above: float | None = None  # the direction's region: value > above and/or value < below
+    below: float | None = None
+    region: str = ""  # why that bound (a threshold of the claim's own needs its reason)
+    margin: float | None = None  # a null within +-margin of the bound reads fails
+    null: str = ""  # why that margin
+    status: str = FINDING
+    effect: bool = True  # a change or a gap (a null is decided with ``margin``); False: a level against a bound
+    judged: bool = False  # rests on the judge's scores: the judge's gate applies
+    parts: str = ""  # how several parts make one verdict, when they do
+    score: str = ""  # the row score whose decoding noise reaches the claim ("": it reads no decoded answer)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ClaimError(f"{self.id}: unknown status {self.status!r}: use one of {', '.join(STATUSES)}")
+        if self.above is None and self.below is None:
+            raise ClaimError(f"{self.id}: a claim needs a region (above and/or below)")
+        if (self.above is not None or self.below is not None) and not self.region:
+            raise ClaimError(f"{self.id}: say why the bound is where it is (region)")
+        if self.margin is not None and not self.null:
+            raise ClaimError(f"{self.id}: say why the equivalence margin is {self.margin:g} (null)")
+        one_bound = (self.above is None) != (self.below is None)
+        if self.status != SANITY and self.effect and one_bound and self.margin is None:
+            raise ClaimError(f"{self.id}: a claimed effect needs an equivalence margin, so that a null is decided")
+        try:
+            self.paper_text
+        except KeyError as missing:
+            raise ClaimError(f"{self.id}: the paper's words name {missing}, which is not among its numbers") from None
+
+    @property
+    def paper_text(self) -> str:
+        return self.paper.format(**{name: str(number) for name, number in self.numbers.items()})
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a claim: its estimate, what it is (label), and whether it decides the claim's direction (a part
+    shown for information does not). ``above``/``below``: the part's own region, when not the claim's."""
+
+    label: str
+    estimate: verdicts.Estimate
+    decides: bool = True
+    above: float | None = None
+    below: float | None = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a study's rows say about one claim: its parts, our text, n (the prompts the rows it reads hold), our
+    estimates of the paper's numbers (``sizes``, by the names of ``Claim.numbers``), and, computed from the rows, why
+    it fails or differs (``why``), why it cannot be tested here (``untestable``), or why the judge decides nothing
+    (``gate``)."""
+
+    parts: list[Part]
+    ours: str
+    n: int
+    sizes: dict[str, verdicts.Estimate] = field(default_factory=dict)
+    why: str = ""
+    untestable: str = ""
+    gate: str = ""
+
+
+def _decided(claim: Claim, part: Part, level: float) -> str:
+    explicit = part.above is not None or part.below is not None
+    above, below = (part.above, part.below) if explicit else (claim.above, claim.below)
+    margin = claim.margin if (above is None) != (below is None) else None
+    return verdicts.decide(part.estimate, above, below, margin, level)
+
+
+def direction(claim: Claim, measured: Measured, level: float = verdicts.LEVEL) -> str:
+    """The claim's direction verdict at ``level`` (the rules of the module's docstring)."""
+    if measured.untestable:
+        return verdicts.UNTESTABLE
+    if claim.judged and measured.gate:
+        return verdicts.INCONCLUSIVE
+    deciding = [part for part in measured.parts if part.decides]
+    if not deciding:
+        raise ClaimError(f"{claim.id}: no part decides the claim")
+    return verdicts.all_of([_decided(claim, part, level) for part in deciding])
+
+
+def magnitude(claim: Claim, measured: Measured) -> tuple[str, str]:
+    """(the claim's magnitude verdict, a note naming which of its numbers match and which differ when they part)."""
+    unknown = set(measured.sizes) - set(claim.numbers)
+    if unknown:
+        raise ClaimError(
+            f"{claim.id}: sizes {sorted(unknown)} are not among the paper's numbers {sorted(claim.numbers)}"
+        )
+    if measured.untestable or (claim.judged and measured.gate) or not measured.sizes:
+        return verdicts.NOT_APPLICABLE, ""
+    each = {
+        name: verdicts.magnitude(estimate, claim.numbers[name].value, claim.numbers[name].kind)
+        for name, estimate in measured.sizes.items()
+    }
+    said = {verdict: [name for name, v in each.items() if v == verdict] for verdict in verdicts.MAGNITUDES}
+    mixed = sum(bool(names) for names in said.values()) > 1
+    note = "; ".join(f"{', '.join(names)} {verdict}" for verdict, names in said.items() if names) if mixed else ""
+    return verdicts.all_magnitudes(list(each.values())), note
+
+
+def bonferroni_level(family: int) -> float:
+    """The level at which each of ``family`` claims is decided again (Bonferroni: 1 - 5% / family)."""
+    return 1 - (1 - verdicts.LEVEL) / max(family, 1)
+
+
+def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
+    """Where a deciding part's interval ends lie within the decoding noise's reach of a threshold: which part, how
+    near, and the reach ("" when none, or when the claim reads no decoded score or no noise was measured)."""
+    if noise is None or not claim.score or measured.untestable:
+        return ""
+    said = []
+    for part in measured.parts:
+        if not part.decides or math.isnan(part.estimate.low):
+            continue
+        explicit = part.above is not None or part.below is not None
+        bound = [b for b in ((part.above, part.below) if explicit else (claim.above, claim.below)) if b is not None]
+        margin = claim.margin or 0.0
+        thresholds = {t for b in bound for t in (b - margin, b, b + margin)}
+        reach = noise.reach(claim.score, part.estimate.n)
+        close = min(abs(end - t) for end in (part.estimate.low, part.estimate.high) for t in thresholds)
+        if close < reach:
+            said.append(
+                f"{part.label}: an interval end {verdicts.number(close)} from its threshold, within the "
+                f"{verdicts.number(reach)} that decoding again may move it"
+            )
+    return f"within decoding noise ({claim.score}): " + "; ".join(said) if said else ""
+
+
+def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = None) -> list[dict]:
+    """The claim's line (and one row per part, below it, when it has several): see the module's docstring."""
+    verdict = direction(claim, measured)
+    size, note = magnitude(claim, measured)
+    again = direction(claim, measured, bonferroni_level(family))
+    ours = measured.ours
+    if verdict == verdicts.FAILS and _null(claim, measured):
+        ours += f"; no effect, within +-{claim.margin:g}"
+    if note:
+        ours += f"; the paper's numbers: {note}"
+    if measured.untestable:
+        ours += f"; untestable here: {measured.untestable}"
+    if claim.judged and measured.gate:
+        ours += f"; {measured.gate}"
+    why = measured.why if verdict in (verdicts.FAILS, verdicts.UNTESTABLE) or size == verdicts.DIFFERS else ""
+    head = {
+        "id": claim.id,
+        "figure": claim.figure,
+        "claim": claim.claim,
+        "paper": claim.paper_text,
+        "ours": ours,
+        "n": int(measured.n),
+        "verdict": verdict,
+        "magnitude": size,
+        "why": why,
+        "bonferroni": again if again != verdict else "",
+        "noise": near_noise(claim, measured, noise),
+        "status": claim.status,
+        "part": "",
+    }
+    if len(measured.parts) < 2:
+        return [head]
+    rows = [head]
+    for part in measured.parts:
+        decided = _decided(claim, part, verdicts.LEVEL) if not measured.untestable else verdicts.UNTESTABLE
+        rows.append(
+            {
+                **{column: "" for column in COLUMNS},
+                "id": claim.id,
+                "figure": claim.figure,
+                "claim": claim.claim,
+                "ours": f"{part.label} {part.estimate.signed()}",
+                "n": int(part.estimate.n),
+                "verdict": decided if part.decides else f"({decided})",
+                "status": claim.status,
+                "part": part.label if part.decides else f"{part.label} (shown, does not decide)",
+            }
+        )
+    return rows
+
+
+def _null(claim: Claim, measured: Measured) -> bool:
+    bound = claim.above if claim.above is not None else claim.below
+    return claim.margin is not None and all(
+        verdicts.is_null(part.estimate, bound, claim.margin) for part in measured.parts if part.decides
+    )
+
+
+def table(lines: list[list[dict]]) -> pd.DataFrame:
+    """A study's paper-vs-us table: its claims' lines in order, each with its parts below it."""
+    return pd.DataFrame([row for rows in lines for row in rows], columns=list(COLUMNS))
+
+
+def heads(claims: pd.DataFrame) -> pd.DataFrame:
+    """One row per claim (its parts left out)."""
+    return claims[claims["part"] == ""]
+
+
+def counted(claims: pd.DataFrame, column: str, values) -> str:
+    """'20 holds, 4 fails, 11 inconclusive, 0 untestable here': how many claims carry each of ``values``."""
+    counts = claims[column].value_counts() if column in claims else pd.Series(dtype=int)
+    return ", ".join(f"{int(counts.get(value, 0))} {value}" for value in values)
+
+
+def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: str = "") -> str:
+    """What we see: the few sentences (Markdown) each notebook ends with, generated from its claims. The counts of
+    findings (direction, magnitude) and sanity checks apart, then which hold, fail (with why), are inconclusive or
+    untestable, and which differ from the paper's number. At the ``ci`` profile it says that the run checks the
+    pipeline, not the science."""
+    claims = heads(table)
+    findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
+    said = [note] if note else []
+    said.append(
+        f"**What we see** on {model} ({profile} profile, n = {n} prompts): {len(findings)} "
+        f"claim{'s' * (len(findings) != 1)}, in direction {counted(findings, 'verdict', verdicts.VERDICTS)}; in "
+        f"magnitude {counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + (f"; {len(checks)} sanity check{'s' * (len(checks) != 1)} apart" if len(checks) else "")
+    )
+    if profile == "ci":
+        said.append(
+            "At the `ci` profile (SmolLM2-135M, a few prompts) this run checks the pipeline, not the science: "
+            "the `cpu` profile's results are in `figures/cpu/` and its summary in `figures/cpu/SUMMARY.md`."
+        )
+    for opening, verdict, why in (
+        ("Holds", verdicts.HOLDS, False),
+        ("Fails", verdicts.FAILS, True),
+        ("Untestable here", verdicts.UNTESTABLE, True),
+        ("Inconclusive (the interval straddles the claim's bound)", verdicts.INCONCLUSIVE, False),
+    ):
+        picked = findings[findings["verdict"] == verdict]
+        if len(picked):
+            said.append(f"{opening}: " + "; ".join(_with_why(row, why) for row in picked.itertuples()) + ".")
+    differ = findings[findings["magnitude"] == verdicts.DIFFERS]
+    if len(differ):
+        said.append(
+            "Differs from the paper's number: "
+            + "; ".join(
+                f"{row.claim} (paper {row.paper}; ours {row.ours.split('; ')[0]})" for row in differ.itertuples()
+            )
+            + "."
+        )
+    if len(checks):
+        said.append(
+            "Sanity checks (true on any model by construction, not counted): "
+            + "; ".join(f"{row.claim}: {row.verdict}" for row in checks.itertuples())
+            + "."
+        )
+    return "\n\n".join(said)
+
+
+def _with_why(row, why: bool) -> str:
+    return f"{row.claim} ({row.why})" if why and row.why else row.claim
+
+
+class SummaryError(ValueError):
+    """A paper-vs-us table the summary cannot count."""
+
+
+def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    """The notebooks' paper-vs-us tables under ``folder``/tables, by notebook number; a table without the claim
+    columns (written by an older fairkv) is an error naming the notebook to re-run."""
+    tables = sorted((Path(folder) / "tables").glob("*_paper_vs_us.csv"))
+    if not tables:
+        raise FileNotFoundError(f"no *_paper_vs_us.csv table under {Path(folder) / 'tables'}: run the notebooks first")
+    frames = {path.name[:2]: pd.read_csv(path, keep_default_na=False) for path in tables}
+    stale = [number for number, frame in frames.items() if not set(COLUMNS) <= set(frame.columns)]
+    if stale:
+        raise SummaryError(
+            f"{', '.join(f'{n}_paper_vs_us.csv' for n in stale)} lacks the columns {', '.join(COLUMNS)} (written by an "
+            f"older fairkv): re-run notebook {', '.join(stale)} before the summary"
+        )
+    return frames
+
+
+def headline(every: pd.DataFrame) -> str:
+    """The counts of a section: findings by direction and magnitude, sanity checks apart."""
+    claims = heads(every)
+    findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
+    return (
+        f"{len(findings)} claims; direction: {counted(findings, 'verdict', verdicts.VERDICTS)}; magnitude: "
+        f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}; {len(checks)} sanity checks apart"
+    )
+
+
+def _parts_shown(claims: pd.DataFrame) -> pd.DataFrame:
+    """The table as SUMMARY prints it: a part's row indented under its claim, its claim text left blank."""
+    shown = claims.drop(columns=["id", "status", "part"]).copy()
+    is_part = claims["part"] != ""
+    shown.loc[is_part, "claim"] = "  ↳ " + claims.loc[is_part, "part"]
+    shown.loc[is_part, ["figure"]] = ""
+    shown["n"] = shown["n"].astype(str)
+    return shown
+
+
+def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
+    """Collate the notebooks' paper-vs-us tables into ``folder``/SUMMARY.md: the paper's findings, then ours, then
+    the sanity checks, each with its counts (claims, not rows: a claim's parts are listed under it and not counted).
+    ``preamble`` states the study-specific thresholds (``fairkv.studies.thresholds``), ``family`` the number of claims
+    decided again at the Bonferroni level."""
+    frames = read_tables(folder)
+    every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
+    claims = heads(every)
+    flips = claims[claims["bonferroni"] != ""]
+    tolerances = ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
+    parts = [
+        f"# {title}\n",
+        "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables; each claim is declared once, beside its "
+        "study (`fairkv/studies/`), with the paper's numbers and its thresholds. One line per claim: the paper's "
+        "words and numbers, our estimate with its 95% interval over prompts, n (the prompts the claim reads), and two "
+        "verdicts. **Direction**: holds (the interval lies where the claim says), fails (it lies outside, or wholly "
+        "within the claim's equivalence margin: no effect), inconclusive (it straddles), untestable here (the rows "
+        "cannot test it on this model, with the reason). **Magnitude**: matches when our whole interval lies within "
+        f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
+        "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "
+        "uncertain when neither, n.a. when the paper gives no number. A claim of several parts (orders, policies, "
+        "dominance rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); "
+        "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
+        "construction) are listed apart and not counted. `why` is computed from the rows. "
+        f"**Multiplicity**: {len(claims[claims['status'] != SANITY])} claims are tested at 95% each; decided again "
+        f"at the Bonferroni level 1 - 5% / {family} = {bonferroni_level(family):.5f}, "
+        + (
+            f"{len(flips)} would change ({'; '.join(f'{r.id}: {r.verdict} -> {r.bonferroni}' for r in flips.itertuples())})"
+            if len(flips)
+            else "none would change"
+        )
+        + " (column `bonferroni`, empty where the verdict stays).\n",
+        preamble + "\n",
+    ]
+    sections = (
+        ("The paper's claims", every["status"] == FINDING),
+        ("Beyond the paper: our own claims", every["status"] == OURS),
+        ("Sanity checks (not counted)", every["status"] == SANITY),
+    )
+    for heading, rows in sections:
+        picked = every[rows]
+        if picked.empty:
+            continue
+        parts.append(f"## {heading}: {headline(picked)}\n")
+        for number, frame in picked.groupby("notebook", sort=True):
+            parts.append(f"### Notebook {number}: {headline(frame)}\n")
+            parts.append(_parts_shown(frame.drop(columns="notebook")).to_markdown(index=False) + "\n")
+    summary = Path(folder) / "SUMMARY.md"
+    summary.write_text("\n".join(parts))
+    return summary

@@ -1,0 +1,117 @@
+"""Notebook 01, Pitfall 1 (Fig 2a-b, Section 4.1 of arXiv 2510.00231): under StreamingLLM, IFEval instruction classes
+lose accuracy at different rates as r grows, more unevenly when a system prompt carries several instructions (Fig 2a:
+accuracy per class normalised by its value at r = 0), and the ranking of the classes (Spearman rho against r = 0)
+falls sooner and lower for multi-instruction prompts (Fig 2b). Both are statistics over instruction classes, so their
+intervals resample prompts (``verdicts.resampled``); a class with accuracy 0 at r = 0 cannot be normalised and is left
+out of the spread. The spread is read at the largest ratio run, rho averaged over every ratio above 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from fairkv.report import analysis, verdicts
+from fairkv.report.claims import Claim, Measured, Part
+from fairkv.studies import reading
+
+NORMAL = {"policy": "streamingllm", "variant": "base", "order": "normal"}  # the setting of Fig 2
+SPREAD_MARGIN = reading.RATE_MARGIN
+SPREAD_NULL = (
+    "normalised accuracy is a share of the class's accuracy at r = 0, so a rate's margin applies: " + reading.RATE_NULL
+)
+
+SPREAD = Claim(
+    "degradation.class_spread",
+    "Fig 2a",
+    "the spread (max - min over classes) of normalised class accuracy is larger for multi- than for "
+    "single-instruction prompts, at the largest ratio run (StreamingLLM)",
+    "classes degrade unevenly, and more so when the system prompt carries several instructions",
+    above=0.0,
+    region="a larger spread: multi minus single above 0",
+    margin=SPREAD_MARGIN,
+    null=SPREAD_NULL,
+    score="inst_strict",
+)
+RHO = Claim(
+    "degradation.rho_multi_lower",
+    "Fig 2b",
+    "rho(r) is lower for multi- than for single-instruction prompts (per kind of prompt the mean of rho over every "
+    "r > 0, StreamingLLM)",
+    "the class ranking of multi-instruction prompts falls sooner and lower",
+    above=0.0,
+    region="a lower rho for multi: single minus multi above 0",
+    margin=reading.RHO_MARGIN,
+    null=reading.RHO_NULL,
+    score="inst_strict",
+)
+CLAIMS = (SPREAD, RHO)
+
+
+def _spreads(followed: pd.DataFrame, top: float) -> pd.Series:
+    """Spread (max - min) of normalised class accuracy at ``top`` per kind of prompt (single / multi), from exploded
+    instructions (``reading.instructions``)."""
+    accuracy = reading.class_accuracy(followed)
+    at_top = accuracy[accuracy["ratio"] == top].dropna(subset=["normalised"])
+    return at_top.groupby("prompts")["normalised"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+
+
+def _class_spread(followed: pd.DataFrame, top: float) -> float:
+    """Spread of normalised class accuracy at ``top``, multi- minus single-instruction prompts."""
+    spread = _spreads(followed, top)
+    return spread.get("multi", np.nan) - spread.get("single", np.nan)
+
+
+def _rhos(followed: pd.DataFrame) -> pd.Series:
+    """Mean rho(r) over r > 0 per kind of prompt."""
+    rho = analysis.spearman(reading.class_accuracy(followed))
+    return rho[rho["ratio"] > 0].groupby("prompts")["rho"].mean()
+
+
+def _rho_gap(followed: pd.DataFrame) -> float:
+    """Mean rho(r) over r > 0, single- minus multi-instruction prompts."""
+    rho = _rhos(followed)
+    return rho.get("single", np.nan) - rho.get("multi", np.nan)
+
+
+def _by_kind(values: pd.Series) -> str:
+    return ", ".join(f"{kind} {values.get(kind, np.nan):.2f}" for kind in ("single", "multi"))
+
+
+def _classes_why(benign: pd.DataFrame, top: float) -> str:
+    """Why the class statistics say little here, from the rows: the benign refusals, how many instructions each
+    class's accuracy at r = 0 rests on, and which classes score 0 there (left out of the normalised spread)."""
+    at_zero = analysis.class_accuracy(benign)
+    at_zero = at_zero[at_zero["ratio"] == 0.0]
+    zero = at_zero[at_zero["accuracy"] == 0]
+    left_out = ", ".join(f"{kind}: {name}" for kind, name in zip(zero["prompts"], zero["class"])) or "none"
+    return (
+        reading.benign_refusal_why(benign, (0.0, top), **NORMAL)
+        + f"; each class's accuracy at r = 0 rests on {int(at_zero['n'].min())} to {int(at_zero['n'].max())} "
+        f"instructions, and the classes scoring 0 there cannot be normalised ({left_out})"
+    )
+
+
+def measure(rows: pd.DataFrame) -> dict[str, Measured]:
+    """The claims of notebook 01 from the degradation study's rows (``analysis.with_benign_flags`` applied)."""
+    benign = rows[rows["query"] == "benign"]
+    top = float(benign["ratio"].max())
+    notes = reading.accuracy_note(benign, (0.0, top), **NORMAL)
+    why = _classes_why(benign, top)
+
+    followed = reading.instructions(benign)
+    spread = verdicts.resampled(followed, lambda f: _class_spread(f, top))
+    rho = verdicts.resampled(followed, _rho_gap)
+    return {
+        SPREAD.id: Measured(
+            [Part("multi - single", spread)],
+            f"spread at r = {top:g}: {_by_kind(_spreads(followed, top))}; multi - single {spread.signed()}{notes}",
+            spread.n,
+            why=why,
+        ),
+        RHO.id: Measured(
+            [Part("single - multi", rho)],
+            f"mean rho over r > 0: {_by_kind(_rhos(followed))}; single - multi {rho.signed()}{notes}",
+            rho.n,
+            why=why,
+        ),
+    }

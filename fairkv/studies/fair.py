@@ -1,0 +1,193 @@
+"""Notebook 06, fair eviction (Section 5.2, Algorithm 1, Appendix F, Fig 9, Table 1 and Fig 14 of arXiv 2510.00231):
+every instruction span keeps the same share of its tokens. Fair eviction lowers directive leakage (read at r = 0.7,
+where the paper quotes Fig 9); every composite score of Table 1 (Section 6: half the accuracy gain plus half the
+leakage drop against the base policy, averaged over r in 0.4-0.7) is positive; in the flipped order fair eviction
+largely removes the order effect on accuracy (Fig 14). Table 1's entries are declared once here (``TABLE1``): the
+claim reads their means, ``table1_beside`` prints them with their std beside ours."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fairkv.report import analysis, verdicts
+from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.runs.studies import TABLE1_RATIOS
+from fairkv.studies import reading
+from fairkv.studies.reading import PEAK
+
+FAIR_RATIO = 0.7  # where the paper quotes Fig 9
+
+# Table 1 of the paper (Llama-3.1-8B): composite score, mean (the claim's number) and std (printed beside it by
+# ``table1_beside``) over r in {0.4, 0.5, 0.6, 0.7}, by policy and variant, in the paper's order
+TABLE1 = {
+    ("streamingllm", "whitelist"): (Number(0.1963, "score"), 0.0427),
+    ("snapkv", "whitelist"): (Number(0.0513, "score"), 0.0363),
+    ("tova", "whitelist"): (Number(0.0282, "score"), 0.0116),
+    ("h2o", "whitelist"): (Number(0.0201, "score"), 0.0136),
+    ("knorm", "whitelist"): (Number(0.0014, "score"), 0.0045),
+    ("streamingllm", "fair"): (Number(0.2201, "score"), 0.0620),
+    ("snapkv", "fair"): (Number(0.0468, "score"), 0.0124),
+    ("tova", "fair"): (Number(0.0247, "score"), 0.0298),
+    ("h2o", "fair"): (Number(0.0064, "score"), 0.0133),
+    ("knorm", "fair"): (Number(0.0236, "score"), 0.0071),
+}
+# a composite score is half an accuracy change plus half a leakage drop: the score of the smallest leakage change
+# worth reporting (reading.LEAK_MARGIN) with accuracy unchanged
+SCORE_MARGIN = 0.5 * reading.LEAK_MARGIN
+SCORE_NULL = (
+    f"half of {reading.LEAK_MARGIN:g} ({reading.LEAK_NULL}): the score of that leakage drop with accuracy unchanged"
+)
+
+
+def _entry(policy: str, variant: str) -> str:
+    return f"{policy}_{variant}"
+
+
+def _lowers_leakage(policy: str, before: Number, after: Number) -> Claim:
+    return reading.lowers_leakage("fair", "Fig 9", "fair eviction", FAIR_RATIO, policy, before, after)
+
+
+STREAMINGLLM_LEAKAGE = _lowers_leakage("streamingllm", Number(0.55, "leakage"), Number(0.25, "leakage"))
+SNAPKV_LEAKAGE = _lowers_leakage("snapkv", Number(0.40, "leakage"), Number(0.30, "leakage"))
+TABLE1_POSITIVE = Claim(
+    "fair.table1_positive",
+    "Table 1",
+    f"Table 1: every composite score is positive (per prompt, the score averaged over r in "
+    f"{', '.join(f'{r:g}' for r in TABLE1_RATIOS)}; each policy and variant a part)",
+    "every entry positive: " + ", ".join(f"{reading.label(p)} {v} {{{_entry(p, v)}}}" for p, v in TABLE1),
+    {_entry(p, v): mean for (p, v), (mean, _) in TABLE1.items()},
+    above=0.0,
+    region="each composite score above 0: the mitigation gains more than it costs",
+    margin=SCORE_MARGIN,
+    null=SCORE_NULL,
+    parts="one part per policy and variant: all must hold (fails when any fails)",
+    score="prompt_strict",
+)
+ORDER_GAP = Claim(
+    "fair.order_gap",
+    "Fig 14",
+    f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped| accuracy at r = {PEAK:g}: "
+    "the base policy's gap minus fair eviction's)",
+    "order effects largely removed",
+    above=0.0,
+    region="the base policy's order gap minus fair eviction's above 0",
+    margin=reading.RATE_MARGIN,
+    null=reading.RATE_NULL,
+    score="prompt_strict",
+)
+CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, TABLE1_POSITIVE, ORDER_GAP)
+
+
+def table1_beside(ours: pd.DataFrame) -> pd.DataFrame:
+    """Table 1, the paper's entries (``TABLE1``) beside ours (``analysis.table1``), as "mean ± std" per policy and
+    variant."""
+    out = []
+    for row in ours.itertuples():
+        theirs = TABLE1.get((row.policy, row.variant))
+        out.append(
+            {
+                "policy": reading.label(row.policy),
+                "order": row.order,
+                "variant": row.variant,
+                "paper (Llama-3.1-8B)": f"{theirs[0].value:+.4f} ± {theirs[1]:.4f}" if theirs else "",
+                "ours": f"{row.mean:+.4f} ± {row.std:.4f}",
+                "ratios": row.ratios,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _composite(rows: pd.DataFrame, policy: str, variant: str, ratios) -> pd.Series:
+    """Per prompt, Section 6's composite score of ``variant`` against the base, averaged over ``ratios``:
+    0.5 (a_variant - a_base) + 0.5 (l_base - l_variant) (linear, so its mean over prompts is Table 1's entry); over
+    the prompts both sides hold."""
+
+    def get(metric, name):
+        return reading.values(rows, metric, ratios, average=True, policy=policy, variant=name, order="normal")
+
+    return (
+        0.5 * (get(analysis.ACCURACY, variant) - get(analysis.ACCURACY, "base"))
+        + 0.5 * (get(analysis.LEAKAGE, "base") - get(analysis.LEAKAGE, variant))
+    ).dropna()
+
+
+def _moves(rows: pd.DataFrame, variant: str, metric: str) -> float:
+    """The mean change (``variant`` minus base) of ``metric`` over prompts, policies and Table 1's ratios."""
+    get = lambda name: reading.values(rows, metric, TABLE1_RATIOS, average=True, variant=name, order="normal")
+    return float((get(variant) - get("base")).mean())
+
+
+def _moved(rows: pd.DataFrame, variant: str) -> str:
+    """What ``variant`` moves, on average over prompts, policies and Table 1's ratios, and the score that makes."""
+    accuracy, leakage = _moves(rows, variant, analysis.ACCURACY), _moves(rows, variant, analysis.LEAKAGE)
+    return (
+        f"{variant} moves accuracy by {accuracy:+.3f} and leakage by {leakage:+.3f} (a mean score of "
+        f"{0.5 * accuracy - 0.5 * leakage:+.3f})"
+    )
+
+
+def _order_gap(frame: pd.DataFrame, ratio: float) -> float:
+    """|normal - flipped| StreamingLLM accuracy at ``ratio``: base minus fair."""
+    picked = frame[(frame["policy"] == "streamingllm") & (frame["ratio"] == ratio) & (frame["query"] == "benign")]
+    means = picked.groupby(["variant", "order"])[analysis.ACCURACY].mean()
+    gap = lambda variant: abs(
+        means.get((variant, "normal"), float("nan")) - means.get((variant, "flipped"), float("nan"))
+    )
+    return gap("base") - gap("fair")
+
+
+def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
+    """The claims of notebook 06 from the fair study's rows (normal order, base, whitelist and fair) and the flipped
+    order's (base and fair), ``analysis.with_benign_flags`` applied."""
+    out = {}
+    for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
+        before, after, change = reading.before_after(rows, "fair", policy, FAIR_RATIO)
+        out[claim.id] = Measured(
+            [Part("change", change)],
+            f"{before} -> {after}, change {change.signed()}",
+            change.n,
+            {"before": before, "after": after, "change": change},
+            reading.recital_why(rows, FAIR_RATIO, policy=policy, variant="base", order="normal"),
+        )
+
+    reading.need_ratios(rows, TABLE1_RATIOS)
+    ran = set(rows["policy"])
+    entries = [key for key in TABLE1 if key[0] in ran and key[1] in set(rows["variant"])]
+    entries += [
+        (p, v) for p in sorted(ran) for v in ("whitelist", "fair") if (p, v) not in TABLE1 and v in set(rows["variant"])
+    ]
+    scores = {(p, v): verdicts.mean(_composite(rows, p, v, TABLE1_RATIOS)) for p, v in entries}
+    parts = [Part(f"{reading.label(p)} {v}", e) for (p, v), e in scores.items()]
+    decided = [verdicts.decide(e, above=0.0) for e in scores.values()]
+    lowest = sorted(scores.items(), key=lambda kv: kv[1].value)[:2]
+    variants = [v for v in ("whitelist", "fair") if v in set(rows["variant"])]
+    out[TABLE1_POSITIVE.id] = Measured(
+        parts,
+        f"{decided.count(verdicts.HOLDS)} of {len(decided)} above 0 with 95% confidence, "
+        f"{decided.count(verdicts.FAILS)} at or below 0; lowest "
+        + ", ".join(f"{reading.label(p)} {v} {e.signed()}" for (p, v), e in lowest),
+        min(e.n for e in scores.values()),
+        {_entry(p, v): e for (p, v), e in scores.items() if (p, v) in TABLE1},
+        f"model: over r in {', '.join(f'{r:g}' for r in TABLE1_RATIOS)} and the policies, "
+        + "; ".join(_moved(rows, v) for v in variants),
+    )
+
+    both = pd.concat([rows, flipped], ignore_index=True)
+    reading.need_ratios(flipped, (PEAK,))
+    benign = both[both["query"] == "benign"]  # the accuracy side's prompts: n counts them, not the attack side's
+    gap = verdicts.resampled(benign, lambda f: _order_gap(f, PEAK))
+    at = {
+        (v, o): verdicts.mean(reading.values(both, analysis.ACCURACY, PEAK, policy="streamingllm", variant=v, order=o))
+        for v in ("base", "fair")
+        for o in ("normal", "flipped")
+    }
+    out[ORDER_GAP.id] = Measured(
+        [Part("gap base - gap fair", gap)],
+        f"base: normal {at[('base', 'normal')]}, flipped {at[('base', 'flipped')]}; fair: normal "
+        f"{at[('fair', 'normal')]}, flipped {at[('fair', 'flipped')]}; gap base - gap fair {gap.signed()}",
+        gap.n,
+        why=f"the order gap at r = {PEAK:g} is {abs(at[('base', 'normal')].value - at[('base', 'flipped')].value):.2f} "
+        f"for the base policy and {abs(at[('fair', 'normal')].value - at[('fair', 'flipped')].value):.2f} with fair "
+        "eviction",
+    )
+    return out

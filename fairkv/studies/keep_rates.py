@@ -1,0 +1,144 @@
+"""Notebook 04, Pitfall 5 (Figs 7 and 10, Section 4.5 of arXiv 2510.00231): eviction is biased by position. Which span
+each policy keeps at r = 0.5 (``reading.PEAK``), the keep rate of a span being its kept entries over its tokens, per
+prompt, compared paired over prompts between the defense and the directive. In the normal order the defense comes
+first and the directive later; the flipped order swaps them. StreamingLLM keeps attention sinks and the most recent
+window, so on any model it keeps the later span and its bias follows the order: both claims are sanity checks (the
+paper's keep rates of StreamingLLM are still compared with ours, as levels the paper gives)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fairkv.report import verdicts
+from fairkv.report.claims import SANITY, Claim, Measured, Number, Part
+from fairkv.studies import reading
+from fairkv.studies.reading import PEAK
+
+SPANS = {"normal": ("defense", "directive"), "flipped": ("directive", "defense")}  # (earlier, later) per order
+TOVA_WITHIN = reading.KEEP_MARGIN
+TOVA_REGION = (
+    f"at least as well: defense minus directive above -{TOVA_WITHIN:g}, the keep-rate margin ({reading.KEEP_NULL}), so "
+    "that a defense kept a token or two less than the directive still counts as kept as well"
+)
+
+STREAMING_LATER = Claim(
+    "keep_rates.streaming_later",
+    "Fig 7",
+    f"StreamingLLM keeps the later span (the directive) over the defense, normal order, r = {PEAK:g}",
+    "directive kept {directive}, defense {defense}",
+    {"directive": Number((0.90, 0.95), "keep"), "defense": Number((0.40, 0.50), "keep")},
+    above=0.0,
+    region="directive minus defense above 0 (StreamingLLM keeps sinks plus the most recent window: true on any model)",
+    margin=reading.KEEP_MARGIN,
+    null=reading.KEEP_NULL,
+    status=SANITY,
+)
+STREAMING_REVERSES = Claim(
+    "keep_rates.streaming_reverses",
+    "Fig 7",
+    f"the bias reverses when the order flips (StreamingLLM keeps the defense, now later, over the directive, r = "
+    f"{PEAK:g})",
+    "the bias reverses with the order",
+    above=0.0,
+    region="flipped order: defense minus directive above 0 (the recent window follows the order: true on any model)",
+    margin=reading.KEEP_MARGIN,
+    null=reading.KEEP_NULL,
+    status=SANITY,
+)
+KNORM_EARLIER = Claim(
+    "keep_rates.knorm_earlier",
+    "Fig 7",
+    f"K-Norm favours the earlier span in both orders (earlier minus later keep rate, r = {PEAK:g})",
+    "K-Norm favours the earlier tokens, whichever span they hold",
+    above=0.0,
+    region="earlier minus later span above 0",
+    margin=reading.KEEP_MARGIN,
+    null=reading.KEEP_NULL,
+    parts="the normal and the flipped order: both must hold",
+)
+TOVA_DEFENSE = Claim(
+    "keep_rates.tova_defense_kept",
+    "Fig 7",
+    f"TOVA keeps the defense at least as well as the directive though it comes first (within {TOVA_WITHIN:g}, "
+    f"normal order, r = {PEAK:g})",
+    "TOVA keeps the defense even when it comes first",
+    above=-TOVA_WITHIN,
+    region=TOVA_REGION,
+    effect=False,
+)
+CLAIMS = (STREAMING_LATER, STREAMING_REVERSES, KNORM_EARLIER, TOVA_DEFENSE)
+
+
+def _keep(rows: pd.DataFrame, policy: str, order: str, span: str) -> pd.Series:
+    return reading.values(rows, f"keep_{span}", PEAK, policy=policy, order=order, variant="base")
+
+
+def _gap(rows: pd.DataFrame, policy: str, order: str, first: str, second: str) -> tuple[verdicts.Estimate, str]:
+    """``first`` minus ``second`` span's keep rate of ``policy`` in ``order`` at r = 0.5 (paired over prompts), and
+    the text."""
+    a, b = _keep(rows, policy, order, first), _keep(rows, policy, order, second)
+    gap = reading.compared(a, b)
+    return gap, f"{first} {verdicts.mean(a)}, {second} {verdicts.mean(b)}, difference {gap.signed()}"
+
+
+def _favours(rows: pd.DataFrame, policy: str) -> str:
+    """Which span ``policy`` keeps more in each order at r = 0.5, from the rows, and whether that follows the spans'
+    position (the same place wins in both orders) or the spans themselves (the same span wins)."""
+    kept = {order: {span: _keep(rows, policy, order, span).mean() for span in SPANS[order]} for order in SPANS}
+    more = {order: max(kept[order], key=kept[order].get) for order in SPANS}
+    place = {order: "earlier" if more[order] == SPANS[order][0] else "later" for order in SPANS}
+    shown = "; ".join(
+        f"{order}: " + ", ".join(f"{span} {kept[order][span]:.2f}" for span in SPANS[order]) for order in SPANS
+    )
+    if place["normal"] == place["flipped"]:
+        said = f"keeps the {place['normal']} span more in both orders: position sets what it keeps"
+    else:
+        said = f"keeps the {more['normal']} more in both orders: the span, not its position, sets what it keeps"
+    return f"model: on this model {reading.label(policy)} {said} ({shown}, r = {PEAK:g})"
+
+
+def _lengths_why(rows: pd.DataFrame) -> str:
+    """Why StreamingLLM's keep rates are not the paper's, from the rows: how long the spans are under this model's
+    tokenizer (the recent window covers a share of each that depends on it), and the keep rates in both orders."""
+    said = _favours(rows, "streamingllm")
+    if "span_tokens" not in rows or "n_prefix" not in rows:
+        return said
+    tokens = pd.DataFrame(list(rows["span_tokens"]))
+    return (
+        f"{said}; under this model's tokenizer the defense is {tokens['defense'].median():g} and the directive "
+        f"{tokens['directive'].median():g} tokens of a {rows['n_prefix'].median():g}-token prefix (medians over "
+        "prompts), which sets how much of each the recent window covers"
+    )
+
+
+def measure(rows: pd.DataFrame) -> dict[str, Measured]:
+    """The claims of notebook 04 from the keep-rate study's rows (both orders, ``reading.PEAK`` among the ratios)."""
+    out = {}
+    later, text = _gap(rows, "streamingllm", "normal", "directive", "defense")
+    out[STREAMING_LATER.id] = Measured(
+        [Part("directive - defense", later)],
+        text,
+        later.n,
+        {
+            "directive": verdicts.mean(_keep(rows, "streamingllm", "normal", "directive")),
+            "defense": verdicts.mean(_keep(rows, "streamingllm", "normal", "defense")),
+        },
+        _lengths_why(rows),
+    )
+
+    reverses, text = _gap(rows, "streamingllm", "flipped", "defense", "directive")
+    out[STREAMING_REVERSES.id] = Measured(
+        [Part("flipped: defense - directive", reverses)], text, reverses.n, why=_favours(rows, "streamingllm")
+    )
+
+    gaps = {order: _gap(rows, "knorm", order, *SPANS[order]) for order in SPANS}
+    out[KNORM_EARLIER.id] = Measured(
+        [Part(f"{order}: {' - '.join(SPANS[order])}", gap) for order, (gap, _) in gaps.items()],
+        "; ".join(f"{order}: {text}" for order, (_, text) in gaps.items()),
+        len(set().union(*(_keep(rows, "knorm", order, "defense").index for order in SPANS))),
+        why=_favours(rows, "knorm"),
+    )
+
+    kept, text = _gap(rows, "tova", "normal", "defense", "directive")
+    out[TOVA_DEFENSE.id] = Measured([Part("defense - directive", kept)], text, kept.n, why=_favours(rows, "tova"))
+    return out

@@ -1,0 +1,216 @@
+"""How a study's claims read its rows: per-prompt values at the paper's ratios (never the nearest), paired
+comparisons, and the notes and reasons computed from the rows that a claim prints beside its estimate."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from fairkv.core.presses import get_policy
+from fairkv.report import analysis, verdicts
+from fairkv.runs import studies
+
+PEAK = 0.5  # the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak are read at r = 0.5
+REFUSALS_DOMINATE = 0.25  # a share of benign queries refused from which accuracy measures over-refusal as much
+
+
+def label(policy: str) -> str:
+    return get_policy(policy).label
+
+
+def match(rows: pd.DataFrame, metric: str, matched: dict) -> pd.DataFrame:
+    picked = rows.dropna(subset=[metric]) if metric in rows else rows.iloc[:0]
+    for column, value in matched.items():
+        picked = picked[picked[column] == value]
+    if picked.empty:
+        raise analysis.AnalysisError(f"no rows with {metric!r} for {matched}")
+    return picked
+
+
+def need_ratios(rows: pd.DataFrame, ratios) -> None:
+    """A claim is read at the paper's ratios only: a ratio the rows lack is an error, never the nearest one."""
+    ran = sorted({round(float(r), 6) for r in rows["ratio"]})
+    missing = [r for r in ratios if round(float(r), 6) not in ran]
+    if missing:
+        raise analysis.AnalysisError(
+            f"this claim needs r = {', '.join(f'{r:g}' for r in missing)}; the rows hold r in "
+            f"{ran}: add it to the grid's ratios (a claim is never read at the nearest ratio)"
+        )
+
+
+def values(rows: pd.DataFrame, metric: str, ratios, average: bool = False, **matched) -> pd.Series:
+    """Per prompt, ``metric`` of the rows matching ``matched`` at ``ratios`` (a ratio or several: their mean).
+
+    Without ``average`` each prompt must have exactly one row per ratio (the setting named fully); with it the
+    prompt's value is the mean over every matching row (e.g. over policies, or attack categories): a pooling the
+    claim's text must say."""
+    picked = match(rows, metric, matched)
+    ratios = tuple(ratios) if isinstance(ratios, (tuple, list)) else (ratios,)
+    need_ratios(picked, ratios)
+    picked = picked[picked["ratio"].round(6).isin([round(float(r), 6) for r in ratios])]
+    if not average and (picked.groupby("key").size() != len(ratios)).any():
+        raise analysis.AnalysisError(
+            f"several {metric!r} rows per prompt and ratio for {matched}: name the setting fully"
+        )
+    return picked.groupby("key")[metric].mean()
+
+
+def positive_ratios(rows: pd.DataFrame, query: str | None = None) -> tuple[float, ...]:
+    """The ratios above 0 the rows hold (those of ``query`` rows only, when given: a profile can run the benign query
+    at fewer ratios than the attack, ``studies.BENIGN_SIDE``)."""
+    rows = rows if query is None else rows[rows["query"] == query]
+    return tuple(sorted(r for r in set(rows["ratio"]) if r > 0))
+
+
+def accuracy_note(rows: pd.DataFrame, ratios, **matched) -> str:
+    """What besides the directive moves accuracy at each of ``ratios`` (``analysis.with_benign_flags``): benign
+    queries refused by the defense, with a warning from ``REFUSALS_DOMINATE`` (accuracy then measures over-refusal as
+    much as directive following), and answers cut at the new-token cap, with a warning when that share changes by
+    ``analysis.CAP_DRIVES`` or more between the ratios (a capped answer fails IFEval's length, ending and combination checks,
+    so part of the accuracy change is the cap)."""
+    text = ""
+    if "benign_refused" in rows:
+        shares = {r: verdicts.rate(values(rows, "benign_refused", r, **matched)) for r in ratios}
+        text += "; benign queries refused " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
+        if max(e.value for e in shares.values()) >= REFUSALS_DOMINATE:
+            text += " (refusals dominate accuracy here)"
+    if "benign_capped" in rows:
+        shares = {r: verdicts.rate(values(rows, "benign_capped", r, **matched)) for r in ratios}
+        cap = int(match(rows, "benign_capped", matched)["max_new_tokens"].max())
+        text += f"; answers cut at the {cap}-token cap " + ", ".join(f"r = {r:g}: {e}" for r, e in shares.items())
+        shown = [e.value for e in shares.values()]
+        if max(shown) - min(shown) >= analysis.CAP_DRIVES:
+            text += " (the cap drives part of the accuracy change)"
+    return text
+
+
+def benign_refusal_why(rows: pd.DataFrame, ratios, **matched) -> str:
+    """Why accuracy sits where it does, from the rows: the share of benign queries refused at ``ratios``."""
+    if "benign_refused" not in rows:
+        return "model: a smaller model than Llama-3.1-8B, which follows fewer IFEval instructions"
+    shares = {r: verdicts.rate(values(rows, "benign_refused", r, **matched)).value for r in ratios}
+    return (
+        "model and budget: this model follows fewer IFEval instructions and refuses benign queries ("
+        + ", ".join(f"r = {r:g}: {share:.2f}" for r, share in shares.items())
+        + f"), at fewer new tokens than the paper's {studies.PROFILES['paper'].benign_tokens}"
+    )
+
+
+def recital_why(rows: pd.DataFrame, ratio: float, **matched) -> str:
+    """Why directive leakage stays below the paper's, from the rows at ``ratio``: how often the attack is refused,
+    and how much of the directive the answers that are no refusal recall (ROUGE-L recall)."""
+    refused = values(rows, "refused", ratio, **matched)
+    leaked = values(rows, analysis.LEAKAGE, ratio, **matched)
+    answered = leaked[refused.reindex(leaked.index) == 0]
+    recall = f"{answered.mean():.2f}" if len(answered) else "none answered"
+    return (
+        f"model: at r = {ratio:g} the attack is refused {refused.mean():.2f} of the time, and the answers that do not "
+        f"refuse recall {recall} of the directive (ROUGE-L): they do not recite the prompt as the paper's model does"
+    )
+
+
+def compared(a: pd.Series, b: pd.Series, scale: float = 1.0) -> verdicts.Estimate:
+    """a - scale * b over the same prompts (paired)."""
+    return verdicts.difference(a, scale * b)
+
+
+def before_after(rows, variant, policy, ratio, metric=analysis.LEAKAGE):
+    """Base vs ``variant`` at ``ratio`` (normal order), paired over prompts: (before, after, change = after - before)."""
+    before = values(rows, metric, ratio, policy=policy, variant="base", order="normal")
+    after = values(rows, metric, ratio, policy=policy, variant=variant, order="normal")
+    return verdicts.mean(before), verdicts.mean(after), verdicts.difference(after, before)
+
+
+# Equivalence margins of effect claims (a null within +-margin of no effect reads fails), by kind of quantity, with
+# their reasons (stated in each claim's declaration and in SUMMARY's preamble)
+LEAK_MARGIN = 0.02
+LEAK_NULL = "a fifth of the smallest leakage change the paper reports (Fig 9, SnapKV with fair eviction)"
+RATE_MARGIN = 0.05
+RATE_NULL = "one prompt in twenty: a change in a rate (refusal, accuracy) smaller than that is none worth reporting"
+KEEP_MARGIN = 0.02
+KEEP_NULL = "a keep rate moves by whole tokens: 0.02 is about two tokens of a span of a hundred"
+
+
+def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:
+    """The reason a claim to lower (or restore) something cannot be tested, when the base's whole interval already
+    lies within ``LEAK_MARGIN`` of ``floor`` (the metric's floor on these rows): nothing to lower; "" otherwise."""
+    if not base.too_few and base.high <= floor + LEAK_MARGIN:
+        return (
+            f"{what} is {base} without the mitigation, within {LEAK_MARGIN:g} of its floor {verdicts.number(floor)} "
+            "(uncompressed, where the attack is refused): nothing to lower"
+        )
+    return ""
+
+
+def lowers_leakage(study: str, figure: str, mitigation: str, ratio: float, policy: str, before, after):
+    """The paper's claim that ``mitigation`` lowers ``policy``'s directive leakage at ``ratio`` (Figs 8 and 9): its
+    levels ``before`` -> ``after`` (``claims.Number``) written once, the change derived from them (``change_of``)."""
+    from fairkv.report.claims import Claim
+
+    return Claim(
+        f"{study}.{policy}_leakage",
+        figure,
+        f"{mitigation} lowers {label(policy)} directive leakage (r = {ratio:g}, normal order)",
+        f"{{before}} -> {{after}} at r = {ratio:g}",
+        {"before": before, "after": after, "change": change_of(before, after)},
+        below=0.0,
+        region=f"a drop: leakage with {mitigation} minus leakage of the base policy below 0",
+        margin=LEAK_MARGIN,
+        null=LEAK_NULL,
+        score="leak_directive",
+    )
+
+
+def change_of(before, after):
+    """The paper's change (after - before) as a ``claims.Number`` of kind "difference", from its two levels (each a
+    value or a range: the change's range runs from the lowest after minus the highest before to the highest after
+    minus the lowest before), so that a paper's before -> after is written once and its change derived."""
+    from fairkv.report.claims import Number
+
+    low = lambda number: number.value[0] if isinstance(number.value, tuple) else number.value
+    high = lambda number: number.value[1] if isinstance(number.value, tuple) else number.value
+    span = (round(low(after) - high(before), 6), round(high(after) - low(before), 6))
+    return Number(span[0] if span[0] == span[1] else span, "difference")
+
+
+# The margin of claims on the Spearman rho of the instruction-class ranking (notebooks 01 and 02, Figs 2b and 3)
+RHO_SWAP = 12 / (9 * (9**2 - 1))  # how far Spearman's rho over nine classes moves when two neighbours swap
+RHO_MARGIN = 3 * RHO_SWAP
+RHO_NULL = (
+    f"rho over IFEval's nine instruction classes moves by {RHO_SWAP:.3f} when two neighbouring classes swap: a gap in "
+    "mean rho within three such swaps is no change of ranking worth reporting"
+)
+
+
+def instructions(rows: pd.DataFrame, split: bool = True) -> pd.DataFrame:
+    """One row per instruction of each benign answer (strict), exploded once so that a resampling draw over prompts
+    only regroups it (notebooks 01 and 02): its setting (``analysis.SETTING``), prompt (``key``), kind of prompt
+    (``prompts``: single / multi, or "all" when not ``split``), class and whether it was followed."""
+    from fairkv.core.metrics import instruction_class
+
+    exploded = [
+        (
+            *(getattr(row, column) for column in analysis.SETTING),
+            row.key,
+            kind,
+            instruction_class(instruction),
+            float(ok),
+        )
+        for row in rows[rows["query"] == "benign"].itertuples()
+        for kind in [("single" if len(row.instruction_ids) == 1 else "multi") if split else "all"]
+        for instruction, ok in zip(row.instruction_ids, row.strict_list)
+    ]
+    return pd.DataFrame(exploded, columns=[*analysis.SETTING, "key", "prompts", "class", "followed"])
+
+
+def class_accuracy(followed: pd.DataFrame) -> pd.DataFrame:
+    """``analysis.class_accuracy`` of exploded instructions (``instructions``), without its Wilson bounds: accuracy
+    per setting, kind of prompt, class and ratio, and ``normalised`` by the class's accuracy at r = 0 (NaN where that
+    is 0)."""
+    group = [column for column in analysis.SETTING if column != "ratio"] + ["prompts", "class"]
+    accuracy = followed.groupby([*group, "ratio"])["followed"].mean().rename("accuracy").reset_index()
+    at_zero = accuracy[accuracy["ratio"] == 0.0][[*group, "accuracy"]].rename(columns={"accuracy": "at_zero"})
+    if at_zero.empty:
+        raise analysis.AnalysisError("class accuracy needs r = 0 among the ratios (normalisation and rho use it)")
+    accuracy = accuracy.merge(at_zero, on=group, how="left")
+    accuracy["normalised"] = accuracy["accuracy"] / accuracy.pop("at_zero").replace(0.0, float("nan"))
+    return accuracy
