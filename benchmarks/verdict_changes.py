@@ -4,8 +4,8 @@
 
 For each notebook, every claim of its ``NN_paper_vs_us`` table (``figures/<profile>/tables/``) at ``--before`` beside
 the same claim now: n, our estimate with its 95% interval (the first clause of ``ours``, before the notes on refusals
-and capped answers), the direction verdict and the magnitude. Claims are matched by figure and claim text; a claim
-only one side has is listed with the other side empty. A ``*`` marks a changed direction verdict, ``~`` a changed
+and capped answers), the direction verdict and the magnitude. Claims are matched by figure and claim text (a claim's
+parts, in tables of one line per claim, are left out); a claim only one side has is listed with the other side empty. A ``*`` marks a changed direction verdict, ``~`` a changed
 magnitude only. Reads committed tables only: it recomputes nothing.
 """
 
@@ -29,6 +29,8 @@ def table(text: str, where: str) -> pd.DataFrame:
     missing = sorted(set(KEY + ["ours", "n", "verdict", "magnitude"]) - set(frame.columns))
     if missing:
         raise SystemExit(f"{where} has no column {', '.join(missing)}: a table older than these columns")
+    if "part" in frame:  # one line per claim (issue 50): its parts below it are not claims
+        frame = frame[frame["part"] == ""]
     frame["estimate"] = frame["ours"].str.split(";").str[0]
     return frame[KEY + SHOWN]
 

@@ -217,3 +217,24 @@ def test_the_readme_quotes_the_cpu_profiles_estimate_from_an_empty_store():
     )
     assert quoted, "README.md has no row for `make reproduce` from an empty results store"
     assert (int(quoted[1]), int(quoted[2])) == divmod(total, 60)
+
+
+def test_summary_headline_recounts_from_the_claim_declarations():
+    """SUMMARY.md's headline is recounted here from the committed tables and the studies' declarations: every line is
+    a declared claim with its declared status, each claim once, and the counts of each section are those of its claims
+    (not of their parts)."""
+    import fairkv.studies
+
+    declared = {claim.id: claim for claim in fairkv.studies.declared()}
+    frames = claim_lines.read_tables(CPU)
+    every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
+    heads = claim_lines.heads(every)
+    assert heads["id"].is_unique and set(heads["id"]) <= set(declared)
+    assert all(declared[row.id].status == row.status for row in heads.itertuples())
+    summary = (CPU / "SUMMARY.md").read_text()
+    for heading, status in (
+        ("The paper's claims", claim_lines.FINDING),
+        ("Beyond the paper: our own claims", claim_lines.OURS),
+    ):
+        assert f"## {heading}: {claim_lines.headline(every[every['status'] == status])}\n" in summary
+    assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in summary

@@ -8,6 +8,7 @@ import pytest
 
 from fairkv.report import claims, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.report.noise import Noise
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE, Estimate
 
 
@@ -268,9 +269,38 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     text = claims.write_summary(tmp_path, "t", 4, "thresholds here").read_text()
     assert "## The paper's claims: 2 claims; direction: 2 holds, 0 fails, 0 inconclusive, 0 untestable here" in text
     assert "## Beyond the paper: our own claims: 1 claims" in text
-    assert "## Sanity checks (not counted): 0 claims;" in text and "1 sanity checks apart" in text
+    assert "## Sanity checks (not counted): 1 sanity checks; 1 holds" in text
     assert "thresholds here" in text and "↳ a" in text
-    assert "1 - 5% / 4 = 0.98750, none would change" in text  # hand-written estimates have one interval
+    assert (
+        "4 claims the studies declare, 1 - 5% / 4 = 0.98750, none would change" in text
+    )  # hand-written estimates have one interval
     pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
     with pytest.raises(claims.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):
         claims.write_summary(tmp_path, "t", 4, "")
+
+
+def test_a_verdict_within_decoding_noise_is_marked():
+    """Decoding noise with per-cell changes of +-0.1 (sd 0.141): over 100 prompts of two settings a mean may move by
+    2 x 0.141 x sqrt(2 / 100) = 0.04. A change whose lower end is 0.01 above its bound is marked; one 0.06 above is
+    not; a claim reading no decoded score is never (broken on purpose: the reach halved -> the first is unmarked)."""
+    noise = Noise(
+        pd.DataFrame(
+            {
+                "query": ["attack"] * 2,
+                "same_response": [False, False],
+                "parted_at": [3, 5],
+                "leak_directive_delta": [0.1, -0.1],
+            }
+        )
+    )
+    assert noise.reach("leak_directive", 100) == pytest.approx(0.04)
+    near = Measured([Part("change", Estimate(-0.05, -0.09, -0.01, 100))], "x", 100)
+    far = Measured([Part("change", Estimate(-0.1, -0.14, -0.06, 100))], "x", 100)
+    reading = claim(score="leak_directive")
+    assert (
+        claims.near_noise(reading, near, noise)
+        == "within decoding noise (leak_directive): change 0.01 from its threshold (reach 0.04)"
+    )
+    assert claims.near_noise(reading, far, noise) == ""
+    assert claims.near_noise(claim(), near, noise) == ""
+    assert "leak_directive 100.0% (sd 0.141)" in noise.said()

@@ -206,8 +206,9 @@ def bonferroni_level(family: int) -> float:
 
 
 def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
-    """Where a deciding part's interval ends lie within the decoding noise's reach of a threshold: which part, how
-    near, and the reach ("" when none, or when the claim reads no decoded score or no noise was measured)."""
+    """The deciding parts whose verdict hangs on an interval end nearer its threshold than decoding the part's cells
+    again may move it (``Noise.reach``): the bound for any verdict, and the bound +- the margin where the part is a
+    null or undecided ("" when none, or when the claim reads no decoded score or no noise was measured)."""
     if noise is None or not claim.score or measured.untestable:
         return ""
     said = []
@@ -215,16 +216,14 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
         if not part.decides or math.isnan(part.estimate.low):
             continue
         explicit = part.above is not None or part.below is not None
-        bound = [b for b in ((part.above, part.below) if explicit else (claim.above, claim.below)) if b is not None]
-        margin = claim.margin or 0.0
-        thresholds = {t for b in bound for t in (b - margin, b, b + margin)}
+        bounds = [b for b in ((part.above, part.below) if explicit else (claim.above, claim.below)) if b is not None]
+        thresholds = set(bounds)
+        if claim.margin is not None and _decided(claim, part, verdicts.LEVEL) != verdicts.HOLDS:
+            thresholds |= {b + sign * claim.margin for b in bounds for sign in (-1, 1)}
         reach = noise.reach(claim.score, part.estimate.n)
         close = min(abs(end - t) for end in (part.estimate.low, part.estimate.high) for t in thresholds)
         if close < reach:
-            said.append(
-                f"{part.label}: an interval end {verdicts.number(close)} from its threshold, within the "
-                f"{verdicts.number(reach)} that decoding again may move it"
-            )
+            said.append(f"{part.label} {verdicts.number(close)} from its threshold (reach {verdicts.number(reach)})")
     return f"within decoding noise ({claim.score}): " + "; ".join(said) if said else ""
 
 
@@ -376,9 +375,12 @@ def headline(every: pd.DataFrame) -> str:
     """The counts of a section: findings by direction and magnitude, sanity checks apart."""
     claims = heads(every)
     findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
+    if findings.empty:
+        return f"{len(checks)} sanity checks; {counted(checks, 'verdict', verdicts.VERDICTS)}"
     return (
         f"{len(findings)} claims; direction: {counted(findings, 'verdict', verdicts.VERDICTS)}; magnitude: "
-        f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}; {len(checks)} sanity checks apart"
+        f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + (f"; {len(checks)} sanity checks apart" if len(checks) else "")
     )
 
 
@@ -417,7 +419,7 @@ def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
         "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
         "construction) are listed apart and not counted. `why` is computed from the rows. "
         f"**Multiplicity**: {len(claims[claims['status'] != SANITY])} claims are tested at 95% each; decided again "
-        f"at the Bonferroni level 1 - 5% / {family} = {bonferroni_level(family):.5f}, "
+        f"at the Bonferroni level for the {family} claims the studies declare, 1 - 5% / {family} = {bonferroni_level(family):.5f}, "
         + (
             f"{len(flips)} would change ({'; '.join(f'{r.id}: {r.verdict} -> {r.bonferroni}' for r in flips.itertuples())})"
             if len(flips)

@@ -71,6 +71,8 @@ class Noise:
             f"**Decoding noise.** {len(table)} committed cells decoded again under another batch plan "
             f"(`benchmarks/decoding_noise.py`, `{FILE}` under the profile's results): {changed.mean():.0%} of the answers "
             f"change ({by_query}; they part at token {table['parted_at'].median():.0f}, the median), yet the scores "
-            f"change in few cells: {scores}. A claim whose deciding bound lies within 2 sd of the mean change of its "
-            "score of its threshold is marked in the column `noise`."
+            f"change in few cells: {scores}. A claim with a deciding interval end nearer its threshold than decoding "
+            "again may move it (2 sd of the mean change of its score over the claim's prompts) is marked in the column "
+            "`noise`; bfloat16 prefill of identical rows is batch-invariant, padding beside a longer prompt and the "
+            "decoding step's batch are not (`benchmarks/results/batch_dependence_qwen.txt`)."
         )
