@@ -209,9 +209,11 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     """The stated patterns: StreamingLLM keeps the later span (a sanity check: holds), TOVA stated balanced favours
     the earlier span (fails, with why), K-Norm stated earlier is noise (inconclusive); the other presses get no claim.
     LagKV keeps exactly what StreamingLLM keeps (a sanity check: holds). The attack side: SnapKV loses the refusal
-    (1.0 -> 0.1) and the whitelist restores it (0.95); KeyDiff keeps it (1.0 -> 1.0): the loss does not hold, and its
-    restoration is untestable here, named with its numbers; LagKV's attack rows, a copy's, are not counted (broken on
-    purpose: KeyDiff's restoration decided as a part -> the claim read inconclusive)."""
+    (1.0 -> 0.1) and the whitelist restores it (0.95); KeyDiff keeps it on 20 prompts (1.0 -> 1.0): a loss neither
+    shown nor excluded (Newcombe +-0.16), so its restoration stays a part, undecided: the claim reads inconclusive.
+    Refusing every attack of 100 prompts at r = 0.5 (Wilson [0.96, 1]), KeyDiff leaves nothing to restore: alone, the
+    claim is untestable here, named with its numbers. LagKV's attack rows, a copy's, are not counted (broken on
+    purpose: an undecided loss dropped from the parts -> the claim read holds)."""
     monkeypatch.setattr(studies, "family", lambda: 10)
     rows = _named()
     attacked = _attacked({"snapkv": LOSES, "keydiff": KEEPS, "lagkv": LOSES})
@@ -223,7 +225,7 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
         atlas_study.TOVA_BALANCED.id: FAILS,
         atlas_study.LAGKV_IS_STREAMING.id: HOLDS,
         atlas_study.REFUSAL_LOST.id: INCONCLUSIVE,
-        atlas_study.WHITELIST_RESTORES.id: HOLDS,
+        atlas_study.WHITELIST_RESTORES.id: INCONCLUSIVE,
     }
     assert heads["status"].to_dict() == {
         atlas_study.STREAMING_LATER.id: SANITY,
@@ -238,11 +240,11 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     parts = table[table["part"] != ""]
     assert parts[parts["id"] == atlas_study.REFUSAL_LOST.id]["part"].tolist() == ["SnapKV", "KeyDiff"]
     restores = heads.loc[atlas_study.WHITELIST_RESTORES.id, "ours"]
-    assert restores.startswith("whitelist - base SnapKV +0.85")  # one part: shown in the line itself
-    assert "untestable here for KeyDiff shows no loss (KeyDiff refused 1.00 at r = 0, 1.00 at r = 0.5" in restores
+    assert restores.startswith("whitelist - base SnapKV +0.85") and "KeyDiff +0.00" in restores
     assert "LagKV: identical to StreamingLLM, not counted" in restores
     assert "largest keep-rate difference 0.00" in heads.loc[atlas_study.LAGKV_IS_STREAMING.id, "ours"]
-    alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": KEEPS}), rows=rows)
+    many = {setting: [1] * 100 for setting in KEEPS}
+    alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": many}), rows=rows)
     line = alone[alone["part"] == ""].set_index("id").loc[atlas_study.WHITELIST_RESTORES.id]
     assert line["verdict"] == UNTESTABLE and "KeyDiff shows no loss" in line["why"]
     assert "untestable here: KeyDiff shows no loss" in line["ours"]

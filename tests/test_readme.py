@@ -220,21 +220,31 @@ def test_the_readme_quotes_the_cpu_profiles_estimate_from_an_empty_store():
 
 
 def test_summary_headline_recounts_from_the_claim_declarations():
-    """SUMMARY.md's headline is recounted here from the committed tables and the studies' declarations: every line is
-    a declared claim with its declared status, each claim once, and the counts of each section are those of its claims
-    (not of their parts)."""
+    """SUMMARY.md's headline is recounted here from the committed tables and the studies' declarations, by hand (not
+    with the function that wrote it): every line is a declared claim with its declared status, each claim once, every
+    declared claim of the notebooks that ran is there, and the counts of each section are those of its claims (not of
+    their parts)."""
     import fairkv.studies
 
     declared = {claim.id: claim for claim in fairkv.studies.declared()}
     frames = claim_lines.read_tables(CPU)
-    every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
-    heads = claim_lines.heads(every)
+    every = pd.concat(frames.values(), ignore_index=True)
+    heads = every[every["part"] == ""]
     assert heads["id"].is_unique and set(heads["id"]) <= set(declared)
     assert all(declared[row.id].status == row.status for row in heads.itertuples())
+    ran = {fairkv.studies.MODULES[number] for number in frames}
+    unmeasured = {i for i, claim in declared.items() if i.split(".")[0] in ran} - set(heads["id"])
+    assert unmeasured <= {"trec.defense_weak_3k", "trec.weaker_2k"}  # the cpu profile runs TREC's 1k bucket only
     summary = (CPU / "SUMMARY.md").read_text()
-    for heading, status in (
-        ("The paper's claims", claim_lines.FINDING),
-        ("Beyond the paper: our own claims", claim_lines.OURS),
-    ):
-        assert f"## {heading}: {claim_lines.headline(every[every['status'] == status])}\n" in summary
+    for heading, status in (("The paper's claims", "finding"), ("Beyond the paper: our own claims", "ours")):
+        picked = heads[heads["status"] == status]
+        directions = picked["verdict"].value_counts()
+        sizes = picked["magnitude"].value_counts()
+        expected = (
+            f"## {heading}: {len(picked)} claims; direction: "
+            + ", ".join(f"{directions.get(v, 0)} {v}" for v in ("holds", "fails", "inconclusive", "untestable here"))
+            + "; magnitude: "
+            + ", ".join(f"{sizes.get(v, 0)} {v}" for v in ("matches", "differs", "too uncertain", "n.a."))
+        )
+        assert expected in summary, expected
     assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in summary

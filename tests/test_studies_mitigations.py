@@ -104,7 +104,7 @@ def test_whitelist_defense_claim_is_untestable_at_the_floor():
     lower = whitelist_rows(defense_base=0.04)
     lower.loc[lower["ratio"] == 0, "leak_defense"] = 0.01
     moved = paper_vs_us(whitelist, lower).set_index("id").loc[whitelist.DEFENSE_LEAKAGE.id]
-    assert moved["verdict"] == HOLDS  # 0.02 - 0.04 = -0.02 on every prompt: below 0, not within the margin's null
+    assert moved["verdict"] == FAILS  # testable now: 0.02 - 0.04 = -0.02 on every prompt, within the margin: negligible
 
 
 def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10, leak=None) -> pd.DataFrame:

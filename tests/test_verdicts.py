@@ -95,7 +95,8 @@ def test_compound_claims_and_undefined_intervals():
         (Estimate(0.13, 0.08, 0.17, 100), 0.15, "leakage", verdicts.MATCHES),  # [0.05, 0.25] holds [0.08, 0.17]
         (Estimate(1.00, 0.98, 1.01, 10), 1.33, "cost", verdicts.DIFFERS),  # the whitelist's compression cost
         (Estimate(1.02, 0.97, 1.03, 10), 1.08, "cost", verdicts.TOO_UNCERTAIN),  # 0.97 below 1.08 - 0.10
-        (Estimate(1.05, 1.00, 1.10, 10), 1.08, "cost", verdicts.MATCHES),
+        (Estimate(1.05, 1.01, 1.09, 10), 1.08, "cost", verdicts.MATCHES),
+        (Estimate(1.05, 1.00, 1.10, 10), 1.08, "cost", verdicts.TOO_UNCERTAIN),  # as wide as the tolerance
         (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
         (
             Estimate(-0.2, -0.60, 0.20, 100),
@@ -170,6 +171,8 @@ def test_a_null_within_its_margin_fails_and_one_straddling_it_is_inconclusive():
     assert verdicts.decide(rise, above=0.0, margin=0.02) == FAILS
     assert verdicts.decide(Estimate(0.01, -0.01, 0.03, 100), above=0.0, margin=0.02) == INCONCLUSIVE
     assert verdicts.decide(Estimate(0.05, 0.03, 0.08, 100), above=0.0, margin=0.02) == HOLDS
+    # an effect that excludes 0 yet lies wholly within the margin is negligible: fails, not holds
+    assert verdicts.decide(Estimate(0.005, 0.001, 0.009, 100), above=0.0, margin=0.02) == FAILS
     with pytest.raises(verdicts.VerdictError, match="one bound"):
         verdicts.decide(rise, above=-0.05, below=0.05, margin=0.02)
     assert verdicts.all_of([HOLDS, UNTESTABLE]) == UNTESTABLE and verdicts.all_of([FAILS, UNTESTABLE]) == FAILS
@@ -201,12 +204,12 @@ def one(declared: Claim, measured: Measured) -> dict:
 def test_a_claims_line_hand_worked_cases():
     """One line per claim, from its declaration and measurement: an informative match, too uncertain, a change that
     matches while the levels differ, an equivalence fail, untestable, a multi-part claim, the judge's gate."""
-    change = Estimate(-0.35, -0.40, -0.30, 100)
+    change = Estimate(-0.35, -0.39, -0.31, 100)
     exact = Measured(
         [Part("change", change)],
         "x",
         100,
-        {"before": Estimate(0.5, 0.45, 0.55, 100), "after": Estimate(0.15, 0.10, 0.20, 100), "change": change},
+        {"before": Estimate(0.5, 0.46, 0.54, 100), "after": Estimate(0.15, 0.11, 0.19, 100), "change": change},
     )
     line = one(claim(), exact)
     assert (line["verdict"], line["magnitude"], line["paper"]) == (HOLDS, verdicts.MATCHES, "0.50 -> 0.10")
@@ -256,7 +259,7 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     """Two findings (one of two parts), one of ours and a sanity check: the paper's section counts 2 claims, not 4
     rows; the sanity check is listed apart and counted nowhere; a claim whose verdict changes at the Bonferroni level
     is named in the preamble (broken on purpose: counting rows -> '4 claims')."""
-    change = Estimate(-0.35, -0.40, -0.30, 100)
+    change = Estimate(-0.35, -0.39, -0.31, 100)
     borderline = Estimate(-0.05, -0.09, -0.008, 100)
     lines = [
         claims.line(claim(), Measured([Part("a", change), Part("b", change)], "x", 100), 4),

@@ -23,8 +23,8 @@ as 0 (``number``). Every estimate can give its interval at another level (``Esti
 Bonferroni column decides each claim again at 1 - 5% / (the number of claims tested).
 
 ``magnitude``: whether our estimate is about the paper's own number (its figures', approximate), within a tolerance
-per kind of quantity (``TOLERANCE``, stated once here): ``matches`` when our whole interval lies inside the paper's
-number widened by the tolerance (so our interval is narrower than that window, and the match informs), ``differs``
+per kind of quantity (``TOLERANCE``, stated once here): ``matches`` when our interval is narrower than the tolerance
+and lies wholly inside the paper's number widened by it (so the match informs), ``differs``
 when the widened number lies wholly outside our interval, ``too uncertain`` when they overlap but our interval is too
 wide to say, ``n.a.`` when the paper gives no number. A direction can hold while the magnitude differs (the effect is
 there, smaller).
@@ -222,8 +222,9 @@ def decide(
 ) -> str:
     """Whether the claimed region (value > ``above`` and/or value < ``below``) holds the interval at ``level``.
 
-    holds: the whole interval lies inside the region; fails: no part of it does, or (``margin``, a claim of one bound)
-    it lies wholly within ``margin`` of the bound: no effect worth the name either way; else inconclusive (also when
+    holds: the whole interval lies inside the region and not wholly within ``margin`` of the bound; fails: no part of
+    it lies inside the region, or (``margin``, a claim of one bound) it lies wholly within ``margin`` of the bound: no
+    effect worth the name, even where it excludes the bound itself; else inconclusive (also when
     the interval is undefined, NaN, or a bootstrap over fewer than ``MIN_BOOTSTRAP`` prompts)."""
     if above is None and below is None:
         raise VerdictError("a claim needs a region: above and/or below")
@@ -235,23 +236,21 @@ def decide(
     inside = (above is None or low > above) and (below is None or high < below)
     outside = (above is not None and high <= above) or (below is not None and low >= below)
     bound = above if above is not None else below
-    null = margin is not None and bound - margin <= low and high <= bound + margin
-    return HOLDS if inside else FAILS if outside or null else INCONCLUSIVE
+    null = is_null(Estimate(estimate.value, low, high, estimate.n), bound, margin)
+    return FAILS if outside or null else HOLDS if inside else INCONCLUSIVE  # a negligible effect is no effect
 
 
 def is_null(estimate: Estimate, bound: float, margin: float | None) -> bool:
     """The interval lies wholly within ``margin`` of ``bound`` (a null decided)."""
-    return (
-        margin is not None
-        and not math.isnan(estimate.low)
-        and bound - margin <= estimate.low
-        and (estimate.high <= bound + margin)
-    )
+    if margin is None or math.isnan(estimate.low):
+        return False
+    edge = margin + 1e-9  # an end exactly at the margin is within it, however it was rounded
+    return bound - edge <= estimate.low and estimate.high <= bound + edge
 
 
 def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kind: str) -> str:
-    """``matches`` when our 95% interval lies inside the paper's number (or range) widened by ``TOLERANCE[kind]`` on
-    both sides, ``differs`` when the widened number lies wholly outside our interval, ``too uncertain`` when they
+    """``matches`` when our 95% interval is narrower than ``TOLERANCE[kind]`` and lies inside the paper's number (or
+    range) widened by it on both sides, ``differs`` when the widened number lies wholly outside our interval, ``too uncertain`` when they
     overlap otherwise (our interval is too wide to tell), ``n.a.`` when the paper gives no number or we have no
     interval."""
     if kind not in TOLERANCE:
@@ -260,7 +259,8 @@ def magnitude(estimate: Estimate, paper: float | tuple[float, float] | None, kin
         return NOT_APPLICABLE
     low, high = (paper, paper) if isinstance(paper, (int, float)) else paper
     tolerance = TOLERANCE[kind] + 1e-9  # a bound exactly at the window's edge is inside it, whatever the rounding
-    if low - tolerance <= estimate.low and estimate.high <= high + tolerance:
+    narrow = estimate.high - estimate.low < TOLERANCE[kind]
+    if narrow and low - tolerance <= estimate.low and estimate.high <= high + tolerance:
         return MATCHES
     if estimate.high < low - tolerance or estimate.low > high + tolerance:
         return DIFFERS

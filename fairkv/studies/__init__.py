@@ -68,7 +68,11 @@ def paper_vs_us(study, *inputs, profile: str | None = None, **options) -> pd.Dat
 
 def thresholds() -> str:
     """SUMMARY's preamble on thresholds: every bound and margin a claim declares, with its reason."""
-    lines = ["Thresholds of the claims' own (each declared with its claim, `fairkv/studies/`):", ""]
+    from fairkv.studies import reading
+
+    lines = ["Thresholds every study shares:", ""]
+    lines += [f"- `{name}` = {value:g}: {reason}" for name, value, reason in reading.SHARED]
+    lines += ["", "Thresholds of the claims' own (each declared with its claim, `fairkv/studies/`):", ""]
     for claim in declared():
         said = []
         if claim.region:

@@ -249,6 +249,7 @@ def measure(
         drop.n,
         why=f"model: the attacks are refused {refused[0.0].mean():.2f} of the time uncompressed, "
         f"{refused[r].mean():.2f} at r = {r:g}",
+        untestable=reading.no_room(verdicts.mean(refused[0.0]), 0.0, "the refusal rate uncompressed"),
     )
     base_leak = over(analysis.LEAKAGE, "base", r)
     for variant, claim in (("whitelist", WHITELIST_LOWERS), ("fair", FAIR_LOWERS)):
@@ -274,6 +275,7 @@ def measure(
             keeps_refusal.n,
             why=f"model: the attacks are refused {white.mean():.2f} of the time with the whitelist, "
             f"{refused[r].mean():.2f} without",
+            untestable=reading.no_room(verdicts.mean(refused[r]), 1.0, f"the base policy's refusal rate at r = {r:g}"),
         )
 
     base = defenses[(defenses["variant"] == "base") & (defenses["policy"] == policy)]

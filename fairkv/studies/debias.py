@@ -57,7 +57,6 @@ TABLE3 = Claim(
     margin=PARETO_MARGIN,
     null=PARETO_NULL,
     parts=PARETO_PARTS,
-    score="prompt_strict",
 )
 CLAIMS = (TABLE3,)
 

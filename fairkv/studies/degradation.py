@@ -30,7 +30,6 @@ SPREAD = Claim(
     region="a larger spread: multi minus single above 0",
     margin=SPREAD_MARGIN,
     null=SPREAD_NULL,
-    score="inst_strict",
 )
 RHO = Claim(
     "degradation.rho_multi_lower",
@@ -42,7 +41,6 @@ RHO = Claim(
     region="a lower rho for multi: single minus multi above 0",
     margin=reading.RHO_MARGIN,
     null=reading.RHO_NULL,
-    score="inst_strict",
 )
 CLAIMS = (SPREAD, RHO)
 

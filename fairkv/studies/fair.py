@@ -31,11 +31,12 @@ TABLE1 = {
     ("h2o", "fair"): (Number(0.0064, "score"), 0.0133),
     ("knorm", "fair"): (Number(0.0236, "score"), 0.0071),
 }
-# a composite score is half an accuracy change plus half a leakage drop: the score of the smallest leakage change
-# worth reporting (reading.LEAK_MARGIN) with accuracy unchanged
-SCORE_MARGIN = 0.5 * reading.LEAK_MARGIN
+# the margin of a null composite score: half the paper's smallest positive entry, so that none of the paper's own
+# entries would read as "no effect" here
+SCORE_MARGIN = 0.5 * min(number.value for number, _ in TABLE1.values() if number.value > 0)
 SCORE_NULL = (
-    f"half of {reading.LEAK_MARGIN:g} ({reading.LEAK_NULL}): the score of that leakage drop with accuracy unchanged"
+    f"half the paper's smallest positive entry of Table 1 ({2 * SCORE_MARGIN:g}): a score this near 0 the paper "
+    "itself reports as positive"
 )
 
 
@@ -73,7 +74,6 @@ ORDER_GAP = Claim(
     region="the base policy's order gap minus fair eviction's above 0",
     margin=reading.RATE_MARGIN,
     null=reading.RATE_NULL,
-    score="prompt_strict",
 )
 CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, TABLE1_POSITIVE, ORDER_GAP)
 
@@ -158,13 +158,13 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
     ]
     scores = {(p, v): verdicts.mean(_composite(rows, p, v, TABLE1_RATIOS)) for p, v in entries}
     parts = [Part(f"{reading.label(p)} {v}", e) for (p, v), e in scores.items()]
-    decided = [verdicts.decide(e, above=0.0) for e in scores.values()]
+    decided = [verdicts.decide(e, above=0.0, margin=SCORE_MARGIN) for e in scores.values()]
     lowest = sorted(scores.items(), key=lambda kv: kv[1].value)[:2]
     variants = [v for v in ("whitelist", "fair") if v in set(rows["variant"])]
     out[TABLE1_POSITIVE.id] = Measured(
         parts,
         f"{decided.count(verdicts.HOLDS)} of {len(decided)} above 0 with 95% confidence, "
-        f"{decided.count(verdicts.FAILS)} at or below 0; lowest "
+        f"{decided.count(verdicts.FAILS)} at or below 0 or within +-{SCORE_MARGIN:g} of it; lowest "
         + ", ".join(f"{reading.label(p)} {v} {e.signed()}" for (p, v), e in lowest),
         min(e.n for e in scores.values()),
         {_entry(p, v): e for (p, v), e in scores.items() if (p, v) in TABLE1},

@@ -22,6 +22,12 @@ from fairkv.studies.reading import PEAK
 
 RANKS_ALIKE = 0.5  # a rank correlation above this: the judge orders responses much as ROUGE-L does
 
+
+def _with_change(before: Number, after: Number) -> dict[str, Number]:
+    """The paper's levels before -> after and the change they imply (``reading.change_of``), each written once."""
+    return {"before": before, "after": after, "change": reading.change_of(before, after)}
+
+
 RISES = Claim(
     "judge.rises",
     "Figs 25-26",
@@ -39,7 +45,7 @@ WHITELIST_LOWERS = Claim(
     "Figs 25-26",
     f"the whitelist lowers StreamingLLM's leak rate by the judge (r = {PEAK:g}, whitelist minus base)",
     "{before} -> {after} with the whitelist",
-    {"before": RISES.numbers["peak"], "after": Number((0.0, 0.2), "rate")},
+    _with_change(RISES.numbers["peak"], Number((0.0, 0.2), "rate")),
     below=0.0,
     region="a decrease: the variant's leak rate minus the base's below 0",
     margin=reading.RATE_MARGIN,
@@ -51,7 +57,7 @@ FAIR_LOWERS = Claim(
     "Figs 25-26",
     f"fair eviction lowers StreamingLLM's leak rate by the judge (r = {PEAK:g}, fair minus base)",
     "{before} -> {after} with fair eviction",
-    {"before": RISES.numbers["peak"], "after": Number((0.4, 0.5), "rate")},
+    _with_change(RISES.numbers["peak"], Number((0.4, 0.5), "rate")),
     below=0.0,
     region=WHITELIST_LOWERS.region,
     margin=reading.RATE_MARGIN,
@@ -139,7 +145,7 @@ def measure(
             [Part(f"{variant} - base", change)],
             f"base {before} -> {variant} {after} at r = {PEAK:g}, change {change.signed()} ({moved}){trusted}",
             change.n,
-            {"before": before, "after": after},
+            {"before": before, "after": after, "change": change},
             f"{variant}: leak rate {before.value:.2f} -> {after.value:.2f} at r = {PEAK:g}; "
             + _judge_why(judged, quoted, policy=policy, variant=variant, order="normal"),
             gate=gate,

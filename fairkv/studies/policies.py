@@ -54,7 +54,6 @@ KNORM_RHO = Claim(
     margin=reading.RHO_MARGIN,
     null=reading.RHO_NULL,
     parts="each other policy minus K-Norm, resampling prompts: all must hold",
-    score="inst_strict",
 )
 CLAIMS = (TOVA_BEST, KNORM_WORST, KNORM_RHO)
 

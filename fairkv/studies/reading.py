@@ -130,6 +130,16 @@ KEEP_MARGIN = 0.02
 KEEP_NULL = "a keep rate moves by whole tokens: 0.02 is about two tokens of a span of a hundred"
 
 
+def no_room(base: verdicts.Estimate, toward: float, what: str) -> str:
+    """The reason a claim that a rate drops (``toward`` 0) or is restored (``toward`` 1) cannot be tested, when the
+    base's whole interval already lies within ``RATE_MARGIN`` of ``toward``: nothing to drop or restore; "" otherwise.
+    The rate-side sibling of ``untestable_below``: the same label wherever it arises (notebooks 03, 05, 11, 12)."""
+    if base.too_few or abs(base.low - toward) > RATE_MARGIN or abs(base.high - toward) > RATE_MARGIN:
+        return ""
+    moved = "drop" if toward == 0 else "restore"
+    return f"{what} is {base} already, within {RATE_MARGIN:g} of {toward:g}: nothing to {moved}"
+
+
 def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:
     """The reason a claim to lower (or restore) something cannot be tested, when the base's whole interval already
     lies within ``LEAK_MARGIN`` of ``floor`` (the metric's floor on these rows): nothing to lower; "" otherwise."""
@@ -214,3 +224,32 @@ def class_accuracy(followed: pd.DataFrame) -> pd.DataFrame:
     accuracy = accuracy.merge(at_zero, on=group, how="left")
     accuracy["normalised"] = accuracy["accuracy"] / accuracy.pop("at_zero").replace(0.0, float("nan"))
     return accuracy
+
+
+# the thresholds every study shares, each with its reason (SUMMARY's preamble, ``fairkv.studies.thresholds``)
+SHARED = (
+    (
+        "reading.PEAK",
+        PEAK,
+        "the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak read r = 0.5, "
+        "not the observed maximum, which would pick the noise",
+    ),
+    (
+        "reading.REFUSALS_DOMINATE",
+        REFUSALS_DOMINATE,
+        "from a quarter of benign queries refused, accuracy measures "
+        "over-refusal as much as directive following: the accuracy note says so",
+    ),
+    (
+        "analysis.CAP_DRIVES",
+        analysis.CAP_DRIVES,
+        "a capped answer fails IFEval's length, ending and combination checks: "
+        "a change this large in the capped share moves accuracy by itself, and the accuracy note says so",
+    ),
+    (
+        "analysis.JUDGE_MIN_ACCURACY",
+        analysis.JUDGE_MIN_ACCURACY,
+        "a judge right on fewer than four labelled responses "
+        "in five (its calibration interval's lower end) decides no claim resting on its scores",
+    ),
+)

@@ -82,6 +82,7 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         change.n,
         why=f"at r = {top:g} the attack is refused {after.value:.2f} of the time with the whitelist, {before.value:.2f} "
         "without it",
+        untestable=reading.no_room(before, 1.0, f"the base policy's refusal rate at r = {top:g}"),
     )
 
     ratios = reading.positive_ratios(rows, "benign")
