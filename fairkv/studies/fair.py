@@ -141,14 +141,7 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
     order's (base and fair), ``analysis.with_benign_flags`` applied."""
     out = {}
     for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
-        before, after, change = reading.before_after(rows, "fair", policy, FAIR_RATIO)
-        out[claim.id] = Measured(
-            [Part("change", change)],
-            f"{before} -> {after}, change {change.signed()}",
-            change.n,
-            {"before": before, "after": after, "change": change},
-            reading.recital_why(rows, FAIR_RATIO, policy=policy, variant="base", order="normal"),
-        )
+        out[claim.id] = reading.leakage_lowered(rows, "fair", policy, FAIR_RATIO)
 
     reading.need_ratios(rows, TABLE1_RATIOS)
     ran = set(rows["policy"])

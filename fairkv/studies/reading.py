@@ -170,6 +170,21 @@ def lowers_leakage(study: str, figure: str, mitigation: str, ratio: float, polic
     )
 
 
+def leakage_lowered(rows: pd.DataFrame, variant: str, policy: str, ratio: float):
+    """The measurement of a ``lowers_leakage`` claim: base -> ``variant`` directive leakage at ``ratio`` (normal order),
+    its change as the deciding part, the levels and the change as our sizes of the paper's numbers."""
+    from fairkv.report.claims import Measured, Part
+
+    before, after, change = before_after(rows, variant, policy, ratio)
+    return Measured(
+        [Part("change", change)],
+        f"{before} -> {after}, change {change.signed()}",
+        change.n,
+        {"before": before, "after": after, "change": change},
+        recital_why(rows, ratio, policy=policy, variant="base", order="normal"),
+    )
+
+
 def change_of(before, after):
     """The paper's change (after - before) as a ``claims.Number`` of kind "difference", from its two levels (each a
     value or a range: the change's range runs from the lowest after minus the highest before to the highest after

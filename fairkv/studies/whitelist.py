@@ -65,14 +65,7 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
     """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied)."""
     out = {}
     for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
-        before, after, change = reading.before_after(rows, "whitelist", policy, WHITELIST_RATIO)
-        out[claim.id] = Measured(
-            [Part("change", change)],
-            f"{before} -> {after}, change {change.signed()}",
-            change.n,
-            {"before": before, "after": after, "change": change},
-            reading.recital_why(rows, WHITELIST_RATIO, policy=policy, variant="base", order="normal"),
-        )
+        out[claim.id] = reading.leakage_lowered(rows, "whitelist", policy, WHITELIST_RATIO)
 
     top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
     before, after, change = reading.before_after(rows, "whitelist", "streamingllm", top, metric="refused")
