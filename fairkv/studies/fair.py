@@ -67,8 +67,8 @@ TABLE1_POSITIVE = Claim(
 ORDER_GAP = Claim(
     "fair.order_gap",
     "Fig 14",
-    f"fair eviction shrinks the order effect on StreamingLLM accuracy (|normal - flipped| accuracy at r = {PEAK:g}: "
-    "the base policy's gap minus fair eviction's)",
+    "fair eviction shrinks the order effect on StreamingLLM accuracy (the absolute gap between normal- and "
+    f"flipped-order accuracy at r = {PEAK:g}: the base policy's gap minus fair eviction's)",
     "order effects largely removed",
     above=0.0,
     region="the base policy's order gap minus fair eviction's above 0",
