@@ -1,6 +1,8 @@
 """Command line: ``fairkv reproduce`` runs the numbered notebooks through papermill; ``fairkv audit`` checks your own
 system prompt (``fairkv.audit``); ``fairkv store check|compact|seal`` inspects, compacts or seals results stores
-(``fairkv.runs.store``; sealed rows are what ``results/cpu/`` commits); ``fairkv verify`` recomputes stored rows from scratch.
+(``fairkv.runs.store``; sealed rows are what ``results/cpu/`` commits); ``fairkv verify`` recomputes stored rows from
+scratch; ``fairkv redecode`` decodes the cells of claims near decoding noise again under another batch plan
+(``fairkv.runs.redecode``), which ``fairkv reproduce --redecoded`` then reads.
 
 Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
 papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
@@ -11,9 +13,11 @@ point to ``figures/<profile>/``). ``-p profile cpu`` runs the embedded-default r
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import papermill
@@ -23,11 +27,20 @@ from traitlets.config import Config
 
 from fairkv import audit
 from fairkv.core import models, progress
-from fairkv.core.paths import REPO_ROOT, frozen_run, reports_dir, results_dir
+from fairkv.core.paths import (
+    REDECODED_FOLDER,
+    REDECODED_SETTING,
+    REPO_ROOT,
+    figures_dir,
+    frozen_run,
+    redecoded,
+    reports_dir,
+    results_dir,
+)
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
 from fairkv import studies as claimed
 from fairkv.report import figures, readme
-from fairkv.runs import fingerprint, studies, verify
+from fairkv.runs import fingerprint, redecode, studies, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -94,7 +107,7 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None, fr
             written.append(str(target))
     print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
     folder = figures.output_dir(profile, parameters.get("output"))
-    if any((folder / "tables").glob("*_paper_vs_us.csv")):
+    if any((folder / "tables").glob("*_paper_vs_us.csv")) and not redecoded():
         print(f"summary: {claimed.write_summary(folder, f'Paper vs us, {profile} profile')}")
         if profile == readme.PROFILE and parameters.get("output") is None:
             try:
@@ -114,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         "--frozen",
         action="store_true",
         help="render from the stored results only: a missing or stale row is an error, nothing is computed",
+    )
+    run.add_argument(
+        "--redecoded",
+        action="store_true",
+        help="read the cells decoded again (fairkv redecode) in place of the stored rows; the tables go to "
+        "<figures>/redecoded/<profile>/, where the claims' noise column reads them",
     )
     check = commands.add_parser(
         "audit",
@@ -209,7 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     stamping.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store first")
     stamping.add_argument("--seed", type=int, default=0)
+    again = commands.add_parser(
+        "redecode",
+        help="decode the cells of claims near decoding noise again under another batch plan (fairkv.runs.redecode)",
+    )
+    again.add_argument("claims", nargs="*", help="claim ids, in the order to decode (default: every claim with cells)")
+    again.add_argument("--profile", default="cpu")
     args = parser.parse_args(argv)
+    if args.command == "redecode":
+        return run_redecode(args.claims, args.profile)
     if args.command == "verify":
         paths = [Path(p) for p in args.paths] or [path for path in stores_found()]
         return run_verify(paths, args.sample, args.seed)
@@ -220,8 +247,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "store":
         return run_store(args.action, [Path(p) for p in args.paths] or stores_found())
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
+    if args.redecoded:
+        with redecoded_run(), tempfile.TemporaryDirectory(prefix="fairkv-redecoded-") as scratch:
+            os.environ["FAIRKV_REPORTS_DIR"] = scratch  # the executed copies are not kept: only the tables count
+            reproduce(args.notebooks or None, parameters, args.frozen)
+        return 0
     reproduce(args.notebooks or None, parameters, args.frozen)
     return 0
+
+
+@contextmanager
+def redecoded_run():
+    """Within the block (and the kernels it starts) rows decoded again are read (``FAIRKV_REDECODED=1``) and figures
+    and tables go to ``<figures>/redecoded/``; the environment restored after."""
+    settings = {REDECODED_SETTING: "1", "FAIRKV_FIGURES_DIR": str(figures_dir() / REDECODED_FOLDER)}
+    previous = {name: os.environ.get(name) for name in [*settings, "FAIRKV_REPORTS_DIR"]}
+    os.environ.update(settings)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def stores_found() -> list[Path]:
@@ -247,6 +296,21 @@ def run_store(action: str, paths: list[Path]) -> int:
         except StoreError as error:
             raise SystemExit(f"fairkv store {action}: {error}") from error
         print(" ".join(f"{name}={value}" for name, value in report.items()), flush=True)
+    return 0
+
+
+def run_redecode(ids: list[str], profile: str) -> int:
+    """Decode again the cells each claim declares (``Claim.cells``), saying how many were there before."""
+    declared = {claim.id: claim for claim in claimed.declared() if claim.cells}
+    unknown = [i for i in ids if i not in declared]
+    if unknown:
+        raise SystemExit(
+            f"fairkv redecode: {', '.join(unknown)} declare no cells; those that do: {', '.join(declared)}"
+        )
+    for claim in [declared[i] for i in ids] or list(declared.values()):
+        done, total = redecode.coverage(claim.cells, profile)
+        print(f"{claim.id}: {done} of {total} cells decoded again; {'; '.join(map(str, claim.cells))}", flush=True)
+        redecode.run(claim.cells, profile)
     return 0
 
 

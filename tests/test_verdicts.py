@@ -306,4 +306,7 @@ def test_a_verdict_within_decoding_noise_is_marked():
     )
     assert claims.near_noise(reading, far, noise) == ""
     assert claims.near_noise(claim(), near, noise) == ""
+    # a bootstrap over too few prompts has no interval, so nothing for the noise to move across
+    few = Measured([Part("change", Estimate(-0.05, -0.09, -0.01, 2, method="bootstrap"))], "x", 2)
+    assert claims.near_noise(reading, few, noise) == ""
     assert "leak_directive 100.0% (sd 0.141)" in noise.said()

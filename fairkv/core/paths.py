@@ -7,6 +7,8 @@ Paths are rooted at the repository (for notebooks, figures and results) or come 
 - ``FAIRKV_RESULTS_DIR``: results store; default ``<repo>/results``.
 - ``FAIRKV_FIGURES_DIR``: figures and tables; default ``<repo>/figures``.
 - ``FAIRKV_REPORTS_DIR``: executed notebooks (``fairkv reproduce``); default ``<repo>/reports``.
+- ``FAIRKV_REDECODED``: ``1`` reads, for each cell decoded again under another batch plan, that row instead of the
+  store's (``fairkv.runs.redecode``; ``fairkv reproduce --redecoded``): the claims recomputed under decoding noise.
 - ``FAIRKV_FROZEN``: ``1`` renders from stored results only (``fairkv reproduce --frozen``): a result that would be
   computed (a missing or stale row, timings of another plan) is an error (``FrozenError``) instead.
 """
@@ -21,6 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 DATA_DIR_SETTING = "FAIRKV_DATA_DIR"
 FROZEN_SETTING = "FAIRKV_FROZEN"
+REDECODED_SETTING = "FAIRKV_REDECODED"
+REDECODED_FOLDER = "redecoded"  # beside a store: its cells decoded again (fairkv.runs.redecode)
 
 
 class FrozenError(RuntimeError):
@@ -45,6 +49,11 @@ def frozen_run(on: bool = True):
             os.environ.pop(FROZEN_SETTING, None)
         else:
             os.environ[FROZEN_SETTING] = previous
+
+
+def redecoded() -> bool:
+    """Whether this run reads the cells decoded again in place of the store's rows (``FAIRKV_REDECODED=1``)."""
+    return os.environ.get(REDECODED_SETTING) == "1"
 
 
 def refuse_if_frozen(what: str, fix: str) -> None:

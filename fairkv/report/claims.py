@@ -111,6 +111,7 @@ class Claim:
     judged: bool = False  # rests on the judge's scores: the judge's gate applies
     parts: str = ""  # how several parts make one verdict, when they do
     score: str = ""  # the row score whose decoding noise reaches the claim ("": it reads no decoded answer)
+    cells: tuple = ()  # runs.redecode.Cells its deciding parts read: decoded again where decoding noise reaches it
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -213,7 +214,7 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
         return ""
     said = []
     for part in measured.parts:
-        if not part.decides or math.isnan(part.estimate.low):
+        if not part.decides or part.estimate.too_few or math.isnan(part.estimate.low):
             continue
         explicit = part.above is not None or part.below is not None
         bounds = [b for b in ((part.above, part.below) if explicit else (claim.above, claim.below)) if b is not None]

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.container import BarContainer
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -18,6 +19,7 @@ from fairkv.core.metrics import LEAK_THRESHOLD
 from fairkv.core.one_prompt import Evaluation
 from fairkv.core.paths import figures_dir
 from fairkv.core.presses import get_policy
+from fairkv.report import outcomes
 from fairkv.runs import runtime
 
 # One colour per policy and one per variant in every figure (colour-blind safe, Okabe-Ito); a figure coloured by
@@ -71,8 +73,8 @@ def output_dir(profile: str, output: str | Path | None = None) -> Path:
 
 
 def plotted(fig: plt.Figure) -> str:
-    """What a figure plots, in one line: its lines, scatter points and image cells, and the mean of their values
-    (y for lines and points). A notebook shows it under the figure's link, so nbval compares every figure's data."""
+    """What a figure plots, in one line: its lines, scatter points, image cells and bars (where it has any), and the
+    mean of their values (y for lines and points, heights for bars). A notebook shows it under the figure's link, so nbval compares every figure's data."""
     values, counts = [], {"lines": 0, "points": 0, "image cells": 0}
     for ax in fig.axes:
         for line in ax.lines:
@@ -89,6 +91,11 @@ def plotted(fig: plt.Figure) -> str:
             cells = np.asarray(image.get_array(), dtype=float).ravel()
             counts["image cells"] += cells.size
             values.append(cells)
+        for container in ax.containers:
+            if isinstance(container, BarContainer):
+                heights = np.array([bar.get_height() for bar in container], dtype=float)
+                counts["bars"] = counts.get("bars", 0) + heights.size
+                values.append(heights)
     flat = np.concatenate(values) if values else np.array([])
     flat = flat[np.isfinite(flat)]
     return (
@@ -422,6 +429,54 @@ def variant_figure(
             ax.set_title("")  # the policy is named above the first row only
     suptitle(grid.figure, title)
     return grid.figure
+
+
+OUTCOME_COLOURS = {
+    "refuses": "#2a9d8f",
+    "recites": "#d62828",
+    "echoes": "#f4a261",
+    "obeys": "#457b9d",
+    "other": "#c8c8c8",
+}
+
+
+def outcome_figure(rows: pd.DataFrame, title: str, facet: str = "variant") -> plt.Figure:
+    """What the attack answers are (``outcomes.OUTCOMES``, column ``outcome``), their shares stacked per ratio: one
+    panel per policy (columns) and value of ``facet`` (rows: variant or order), each titled with its n per bar."""
+    rows = _label_policies(rows)
+    policies, facets = _in_order(rows["policy"], "policy"), _in_order(rows[facet], facet)
+    fig, axes = plt.subplots(
+        len(facets),
+        len(policies),
+        figsize=(2.3 * len(policies) + 1.6, 2.1 * len(facets) + 0.9),
+        sharey=True,
+        squeeze=False,
+    )
+    for row, value in enumerate(facets):
+        for column, policy in enumerate(policies):
+            ax, picked = axes[row][column], rows[(rows[facet] == value) & (rows["policy"] == policy)]
+            ax.set_title(f"{policy}, {value}", fontsize=8)
+            if picked.empty:
+                ax.text(0.5, 0.5, "not run", ha="center", va="center", fontsize=8, color="grey", transform=ax.transAxes)
+                continue
+            table = outcomes.shares(picked, ["ratio"]).set_index("ratio")
+            x, bottom = np.arange(len(table)), np.zeros(len(table))
+            for name in outcomes.OUTCOMES:
+                ax.bar(x, table[name], bottom=bottom, color=OUTCOME_COLOURS[name], label=name, width=0.8)
+                bottom += table[name].to_numpy()
+            ax.set_xticks(x, [f"{r:g}" for r in table.index], fontsize=7)
+            low, high = int(table["n"].min()), int(table["n"].max())
+            ax.set_title(f"{policy}, {value} (n = {low if low == high else f'{low}-{high}'})", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("compression ratio r")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of answers")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, title="outcome")
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
 
 
 LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the plane lists them

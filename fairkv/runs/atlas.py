@@ -277,11 +277,20 @@ def attack_grid(profile: str, policies: list[str], **overrides) -> experiment.Gr
     return studies.grid("atlas_attacks", profile, policies=tuple(policies), **overrides)
 
 
+def attacks(profile: str, policies: list[str], progress: bool = True, **overrides):
+    """(grid, rows) of the attack side of ``policies`` (``attack_grid``): computed where the atlas's store lacks them;
+    under ``FAIRKV_REDECODED=1`` the cells decoded again read from there (``experiment.decoded_again``)."""
+    grid = attack_grid(profile, policies, **overrides)
+    folder = folder_for(profile)
+    return grid, experiment.decoded_again(grid, folder, experiment.run(grid, folder, progress=progress))
+
+
 __all__ = [
     "AtlasError",
     "Job",
     "Plan",
     "attack_grid",
+    "attacks",
     "describe",
     "keep_rates",
     "plan",

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
-from fairkv.core.paths import results_dir
+from fairkv.core.paths import REDECODED_FOLDER, redecoded, results_dir
 from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy
 from fairkv.core.presses.registry import PER_SETTING
 from fairkv.core.presses.selection import check_lam
@@ -348,6 +348,34 @@ def run(
     job = Job(grid, tuple(records), checksum, data.load_defense_templates(), grid.attacks(), fingerprint.versions())
     done = runner.run(job, store_for(grid, folder), executor, lm, progress, wait)
     return _collect(grid, records, done, checksum)
+
+
+def cell_ids(grid: Grid) -> set[str]:
+    """The ids of every cell ``grid`` reads (as ``run`` computes them)."""
+    records = data.load_records(grid.dataset)
+    records = records[grid.start : grid.start + grid.n_prompts if grid.n_prompts is not None else None]
+    return set(Job(grid, tuple(records), _checksum(grid.model), {}, {}, {}).cells().values())
+
+
+def decoded_again(grid: Grid, folder: Path | None, rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (``run``'s, of ``grid`` in ``folder``) with, under ``FAIRKV_REDECODED=1``, every cell that the folder's
+    redecoded store holds (``fairkv.runs.redecode``: decoded again under another batch plan) read from there, checked
+    against this code as the store's own rows are; the rows as they are otherwise."""
+    if not redecoded() or rows.empty:
+        return rows
+    store = store_for(grid, Path(folder or results_dir()) / REDECODED_FOLDER)
+    cells = set(rows["cell_id"])
+    again = {cell: row for cell, row in store.rows().items() if cell in cells}
+    versions = fingerprint.versions()
+    for row in again.values():
+        runner.check_versions(row, versions, store)
+    labels = ("policy", "variant", "lam", "ratio")  # the grid's names for the cell, as ``_collect`` gives them
+    return pd.DataFrame(
+        [
+            {**again[row["cell_id"]], **{k: row[k] for k in labels}} if row["cell_id"] in again else row
+            for row in rows.to_dict("records")
+        ]
+    )
 
 
 def _row(grid: Grid, lm, item: Item, versions: dict, reply: generation.Answer | None = None) -> dict:

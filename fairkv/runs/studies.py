@@ -572,10 +572,12 @@ def run(
     name: str, profile: str = "ci", folder: Path | None = None, progress: bool = True, executor="serial", **overrides
 ):
     """(grid, rows) of study ``name``: compute what the results store (``folder``, default ``results_folder``)
-    lacks for each of the study's ``parts`` (with ``executor``, see ``experiment.run``), return the study's rows."""
+    lacks for each of the study's ``parts`` (with ``executor``, see ``experiment.run``), return the study's rows
+    (under ``FAIRKV_REDECODED=1`` the cells decoded again read from there: ``experiment.decoded_again``)."""
     folder = folder or results_folder(profile)
     rows = [
-        experiment.run(part, folder, progress=progress, executor=executor) for part in parts(name, profile, **overrides)
+        experiment.decoded_again(part, folder, experiment.run(part, folder, progress=progress, executor=executor))
+        for part in parts(name, profile, **overrides)
     ]
     return grid(name, profile, **overrides), pd.concat(rows, ignore_index=True)
 

@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
 from fairkv.report import claims
 from fairkv.report.noise import Noise
+from fairkv.runs import redecode
 from fairkv.runs.fingerprint import code_fingerprint
 
+AGAIN = "decoded_again"  # a redecoded table's column: how many of a claim's cells were read decoded again
+SENSITIVE = "sensitive to decoding noise"
+REDONE = "decoded again ("  # how the noise column opens what a claim's cells decoded again gave
 MODULES = {  # notebook -> its study module
     "01": "degradation",
     "02": "policies",
@@ -61,9 +66,64 @@ def paper_vs_us(study, *inputs, profile: str | None = None, **options) -> pd.Dat
     if stray:
         raise claims.ClaimError(f"{study.__name__} measured undeclared claims: {', '.join(stray)}")
     size, noise = family(), Noise.read(profile) if profile else None
-    return claims.table(
+    table = claims.table(
         [claims.line(claim, measured[claim.id], size, noise) for claim in study.CLAIMS if claim.id in measured]
     )
+    return table if noise is None else _decoded_again(study, table, profile)
+
+
+def redecoded_table(notebook: str, profile: str) -> Path:
+    """Where ``fairkv reproduce --redecoded`` writes a notebook's paper-vs-us table (its figures folder moved to
+    ``<figures>/redecoded/``)."""
+    return figures_dir() / REDECODED_FOLDER / profile / "tables" / f"{notebook}_paper_vs_us.csv"
+
+
+def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
+    """Under ``FAIRKV_REDECODED=1`` (its cells decoded again read in place of the store's): the table with, per claim
+    that declares cells, how many of them were there (column ``AGAIN``). Otherwise the column ``noise`` of each claim
+    within decoding noise says what decoding its cells again did to its verdicts (the redecoded table), or how many
+    are decoded again so far; a claim within decoding noise that declares no cells is an error."""
+    declared = {claim.id: claim for claim in study.CLAIMS}
+    heads = table.index[table["part"] == ""]
+    if redecoded():
+        table[AGAIN] = ""
+        for index in heads:
+            claim = declared[table.at[index, "id"]]
+            if claim.cells:
+                table.at[index, AGAIN] = "{} of {}".format(*redecode.coverage(claim.cells, profile))
+        return table
+    notebook = next(number for number, name in MODULES.items() if study.__name__.endswith(f".{name}"))
+    path = redecoded_table(notebook, profile)
+    again = claims.heads(pd.read_csv(path, keep_default_na=False)).set_index("id") if path.exists() else None
+    for index in heads:
+        claim = declared[table.at[index, "id"]]
+        if not table.at[index, "noise"]:
+            continue
+        if not claim.cells:
+            raise claims.ClaimError(
+                f"{claim.id} is within decoding noise at {profile} but declares no cells to decode again (Claim.cells)"
+            )
+        table.at[index, "noise"] += "; " + _said_again(claim, table.loc[index], again, notebook, profile)
+    return table
+
+
+def _said_again(claim: claims.Claim, line: pd.Series, again: pd.DataFrame | None, notebook: str, profile: str) -> str:
+    """What decoding the claim's cells again did to its verdicts, or how far it got."""
+    done, total = redecode.coverage(claim.cells, profile)
+    if done < total:
+        return f"decoded again so far: {done} of its {total} cells (`fairkv redecode {claim.id}`)"
+    if again is None or claim.id not in again.index or again.at[claim.id, AGAIN] != f"{total} of {total}":
+        return (
+            f"its {total} cells decoded again, not yet read: `fairkv reproduce {notebook} --redecoded -p profile "
+            f"{profile} --frozen`"
+        )
+    was = {kind: line[kind] for kind in ("verdict", "magnitude")}
+    now = {kind: again.at[claim.id, kind] for kind in was}
+    said = f"{REDONE}{total} cells, batch {redecode.BATCH_SIZE})"
+    if now == was:
+        return f"{said}: {was['verdict']}, {was['magnitude']} again"
+    moved = ", ".join(f"{kind} {was[kind]} -> {now[kind]}" for kind in was if was[kind] != now[kind])
+    return f"{SENSITIVE}: {said}, {moved}"
 
 
 def thresholds() -> str:
@@ -89,6 +149,28 @@ def thresholds() -> str:
     return "\n".join(lines)
 
 
+def recomputed(folder: Path) -> str:
+    """SUMMARY's words on the claims within decoding noise: how many were recomputed from their cells decoded again
+    (``fairkv redecode``, ``fairkv reproduce --redecoded``) and which of them are sensitive to it."""
+    every = pd.concat(list(claims.read_tables(folder).values()), ignore_index=True)
+    marked = claims.heads(every).query("noise != ''")
+    again = marked[marked["noise"].str.contains(REDONE, regex=False)]
+    sensitive = marked[marked["noise"].str.contains(f"; {SENSITIVE}", regex=False)]
+    left = sorted(set(marked["id"]) - set(again["id"]))
+    return (
+        f"Of the {len(marked)} claims marked, {len(again)} {'was' if len(again) == 1 else 'were'} recomputed from "
+        "their cells decoded again with a batch "
+        f"of {redecode.BATCH_SIZE} (`fairkv redecode`, then `fairkv reproduce --redecoded`): "
+        + (
+            f"{len(sensitive)} sensitive to decoding noise ({', '.join(sensitive['id'])})"
+            if len(sensitive)
+            else "none flips"
+        )
+        + (f"; not yet: {', '.join(left)}" if left else "")
+        + "."
+    )
+
+
 def write_summary(folder: Path, title: str) -> Path:
     """``folder``/SUMMARY.md (``claims.write_summary``), its preamble stating every claim's own thresholds and the
     result code that computed the rows."""
@@ -96,7 +178,7 @@ def write_summary(folder: Path, title: str) -> Path:
     preamble = "\n\n".join(
         [
             f"Rows computed by fairkv's result code {code_fingerprint()} (`fairkv.runs.fingerprint`).",
-            *([noise.said()] if noise is not None else []),
+            *([f"{noise.said()} {recomputed(folder)}"] if noise is not None else []),
             thresholds(),
         ]
     )

@@ -22,6 +22,7 @@ from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Part
 from fairkv.report.press_patterns import BALANCED_WITHIN, BIAS_RATIO
 from fairkv.runs.atlas import SPANS
+from fairkv.runs.redecode import Cells
 from fairkv.studies import reading
 
 BIAS = "bias: the defense's keep rate minus the directive's (the defense comes first in the normal order, last in the "
@@ -87,6 +88,9 @@ REFUSAL_LOST = Claim(
     status=OURS,
     parts="one per attacked press: all must hold",
     score="refused",
+    cells=(
+        Cells("atlas_attacks", policies=("keydiff", "noncausalattn", "cur"), variants=("base",), ratios=(0.0, 0.5)),
+    ),
 )
 WHITELIST_RESTORES = Claim(
     "atlas.whitelist_restores",
@@ -101,6 +105,7 @@ WHITELIST_RESTORES = Claim(
     status=OURS,
     parts="one per press that loses the refusal: all must hold; a press that does not has nothing to restore",
     score="refused",
+    cells=(Cells("atlas_attacks", policies=("keydiff",), variants=("base", "whitelist"), ratios=(0.5,)),),
 )
 CLAIMS = (STREAMING_LATER, KNORM_EARLIER, TOVA_BALANCED, LAGKV_IS_STREAMING, REFUSAL_LOST, WHITELIST_RESTORES)
 # the pattern claims: their press (label), the pattern the paper states, and each order's region

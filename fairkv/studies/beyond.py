@@ -17,6 +17,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Part
+from fairkv.runs.redecode import Cells
 from fairkv.studies import reading
 
 RATIO_STEP = 0.1  # the step of the defense study's ratio grid above r = 0.3, on which a critical ratio is read
@@ -49,6 +50,7 @@ COMPLIANCE_RAISED = Claim(
     status=OURS,
     parts="one per span count: all must hold",
     score="inst_strict",
+    cells=(Cells("spans", datasets=("spans_2", "spans_3", "spans_5", "spans_8")),),
 )
 CATEGORIES_RISE = Claim(
     "beyond.categories_rise",

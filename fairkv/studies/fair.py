@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
+from fairkv.runs.redecode import Cells
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.runs.studies import TABLE1_RATIOS
 from fairkv.studies import reading
@@ -63,6 +64,8 @@ TABLE1_POSITIVE = Claim(
     null=SCORE_NULL,
     parts="one part per policy and variant: all must hold (fails when any fails)",
     score="prompt_strict",
+    # the parts at or below 0 decide: TOVA fair and H2O fair
+    cells=(Cells("fair", policies=("tova", "h2o"), variants=("base", "fair"), ratios=TABLE1_RATIOS),),
 )
 ORDER_GAP = Claim(
     "fair.order_gap",

@@ -15,7 +15,7 @@ import pandas as pd
 from scipy import stats
 
 from fairkv.core.metrics import LEAK_THRESHOLD
-from fairkv.report import analysis, verdicts
+from fairkv.report import analysis, outcomes, verdicts
 from fairkv.report.claims import NO_NUMBER, OURS, Claim, Measured, Number, Part
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
@@ -105,9 +105,25 @@ def _calibration(calibration: pd.DataFrame | None) -> tuple[str, str]:
 
 
 def _judge_why(rows: pd.DataFrame, quoted: str, **matched) -> str:
-    """Why the judge's leak rate sits where it does, from the rows: how the answers at the peak recite the directive
-    (``reading.recital_why``) and how far the judge is right (its calibration)."""
-    return reading.recital_why(rows, PEAK, **matched) + (f"; {quoted}" if quoted else "")
+    """Why the judge's leak rate sits where it does, from the rows: what the answers at the peak are
+    (``reading.recital_why``), what the answers it calls a leak are (``leak_calls``) and how far the judge is right
+    (its calibration)."""
+    return "; ".join(
+        [reading.recital_why(rows, PEAK, **matched), leak_calls(rows, **matched), *([quoted] if quoted else [])]
+    )
+
+
+def leak_calls(rows: pd.DataFrame, **matched) -> str:
+    """What the answers the judge calls a leak at the peak are (``outcomes.classify``): how many of them recite."""
+    picked = reading.match(rows, "judge_leak", matched)
+    called = picked[(picked["ratio"].round(6) == PEAK) & (picked["judge_leak"] == 1)].drop_duplicates("cell_id")
+    if called.empty:
+        return f"the judge calls no answer at r = {PEAK:g} a leak"
+    counts = outcomes.classify(called).value_counts()
+    said = ", ".join(
+        f"{int(counts[name])} {reading.OUTCOME_WORDS[name]}" for name in outcomes.OUTCOMES if name in counts
+    )
+    return f"of the {len(called)} answers the judge calls a leak at r = {PEAK:g}: {said}"
 
 
 def measure(
@@ -127,7 +143,8 @@ def measure(
     out = {
         RISES.id: Measured(
             [Part("rise", rise)],
-            f"{label}: {verdicts.mean(at[0.0])} at r = 0 -> {before} at r = {PEAK:g}, rise {rise.signed()}{trusted}",
+            f"{label}: {verdicts.mean(at[0.0])} at r = 0 -> {before} at r = {PEAK:g}, rise {rise.signed()}{trusted}; "
+            + leak_calls(judged, **base),
             rise.n,
             {"peak": before},
             why,

@@ -9,6 +9,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
+from fairkv.runs.redecode import Cells
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
 
@@ -66,6 +67,7 @@ KEPT_RELATIVE = Claim(
     null=reading.RATE_NULL,
     status=OURS,
     score="prompt_strict",
+    cells=(Cells("leakage", policies=("streamingllm",), orders=("normal",), ratios=(0.0, PEAK), queries=("benign",)),),
 )
 PEAK_ORDER = Claim(
     "leakage.peak_order",
@@ -84,6 +86,7 @@ PEAK_ORDER = Claim(
     null=reading.LEAK_NULL,
     parts="the three steps: all must hold",
     score="leak_directive",
+    cells=(Cells("leakage", policies=("snapkv", "h2o"), orders=("normal",), ratios=(PEAK,), queries=("attack",)),),
 )
 FLIPPED_FASTER = Claim(
     "leakage.flipped_faster",

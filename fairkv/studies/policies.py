@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
+from fairkv.runs.redecode import Cells
 from fairkv.report.claims import Claim, Measured, Part
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
@@ -30,6 +31,7 @@ TOVA_BEST = Claim(
     null=reading.RATE_NULL,
     parts="TOVA minus each other policy, paired over prompts: all must hold",
     score="prompt_strict",
+    cells=(Cells("policies", policies=("tova", "h2o"), ratios=(0.3, 0.5, 0.7, 0.9)),),  # TOVA - H2O decides
 )
 KNORM_WORST = Claim(
     "policies.knorm_worst",

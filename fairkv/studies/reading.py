@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from fairkv.core.presses import get_policy
-from fairkv.report import analysis, verdicts
+from fairkv.report import analysis, outcomes, verdicts
 from fairkv.runs import studies
 
 PEAK = 0.5  # the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak are read at r = 0.5
@@ -96,16 +96,26 @@ def benign_refusal_why(rows: pd.DataFrame, ratios, **matched) -> str:
 
 
 def recital_why(rows: pd.DataFrame, ratio: float, **matched) -> str:
-    """Why directive leakage stays below the paper's, from the rows at ``ratio``: how often the attack is refused,
-    and how much of the directive the answers that are no refusal recall (ROUGE-L recall)."""
-    refused = values(rows, "refused", ratio, **matched)
-    leaked = values(rows, analysis.LEAKAGE, ratio, **matched)
-    answered = leaked[refused.reindex(leaked.index) == 0]
-    recall = f"{answered.mean():.2f}" if len(answered) else "none answered"
-    return (
-        f"model: at r = {ratio:g} the attack is refused {refused.mean():.2f} of the time, and the answers that do not "
-        f"refuse recall {recall} of the directive (ROUGE-L): they do not recite the prompt as the paper's model does"
-    )
+    """Why directive leakage differs from the paper's, from what the attack answers at ``ratio`` are
+    (``outcomes.classify``): the share of each outcome, and what most answers that neither refuse nor recite do."""
+    picked = match(rows[rows["query"] == "attack"], "response", matched)
+    picked = picked[picked["ratio"].round(6) == round(float(ratio), 6)]
+    if picked.empty:
+        raise analysis.AnalysisError(f"no attack answers at r = {ratio:g} for {matched}")
+    share = outcomes.classify(picked).value_counts(normalize=True).reindex(outcomes.OUTCOMES, fill_value=0.0)
+    said = ", ".join(f"{OUTCOME_WORDS[name]} {share[name]:.2f}" for name in outcomes.OUTCOMES)
+    rest = share.drop(["refuses", "recites"])
+    instead = f"; most answers that neither refuse nor recite {OUTCOME_WORDS[rest.idxmax()]}" if rest.max() > 0 else ""
+    return f"model: at r = {ratio:g} the attack answers (n = {len(picked)}) {said}{instead}"
+
+
+OUTCOME_WORDS = {  # how a why names each outcome (``outcomes.OUTCOMES``)
+    "refuses": "refuse",
+    "recites": "recite the prompt",
+    "echoes": "echo the attack",
+    "obeys": "carry out the directive",
+    "other": "do something else",
+}
 
 
 def compared(a: pd.Series, b: pd.Series, scale: float = 1.0) -> verdicts.Estimate:

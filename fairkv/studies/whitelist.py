@@ -10,6 +10,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
+from fairkv.runs.redecode import Cells
 from fairkv.studies import reading
 
 WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
@@ -44,6 +45,7 @@ ACCURACY_UNCHANGED = Claim(
     below=reading.RATE_MARGIN,
     region=f"about unchanged: within +-{reading.RATE_MARGIN:g}, {reading.RATE_NULL}",
     score="prompt_strict",
+    cells=(Cells("whitelist", ratios=(0.4, 0.5, 0.6, 0.7), queries=("benign",)),),
 )
 DEFENSE_LEAKAGE = Claim(
     "whitelist.defense_leakage",

@@ -1,0 +1,88 @@
+"""Claims near decoding noise recomputed from their cells decoded again (issue 50, item 8): which cells a claim's
+declaration names, how a run reads them in place of the store's rows, and what its noise column says then."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fairkv import studies
+from fairkv.core.paths import REDECODED_FOLDER, REDECODED_SETTING
+from fairkv.runs import experiment, redecode
+from fairkv.runs.redecode import Cells, RedecodeError
+from fairkv.runs.store import ResultsStore, StoreError
+from fairkv.studies import leakage
+
+
+def test_cells_name_the_settings_of_their_study():
+    (grid,) = redecode.grids(Cells("leakage", policies=("snapkv",), ratios=(0.5,), queries=("attack",)), "cpu")
+    assert (grid.policies, grid.ratios, grid.queries, grid.batch_size) == (("snapkv",), (0.5,), ("attack",), 64)
+    assert grid.orders == ("normal", "flipped")  # not named: the study's
+    # a ratio only one part of the study runs keeps that part alone (the fair study's benign side has no 0.3)
+    parts = redecode.grids(Cells("fair", ratios=(0.3,)), "cpu")
+    assert [g.queries for g in parts] == [("attack",)]
+    assert [g.dataset for g in redecode.grids(Cells("spans", datasets=("spans_2", "spans_8")), "cpu")] == [
+        "spans_2",
+        "spans_8",
+    ]
+    with pytest.raises(RedecodeError, match="names no cell"):
+        redecode.grids(Cells("leakage", ratios=(0.45,)), "cpu")
+
+
+def test_every_claim_within_decoding_noise_declares_its_cells():
+    """The committed cpu tables: a claim the noise column marks can be decoded again (``fairkv redecode``)."""
+    from fairkv.report import claims
+
+    marked = set()
+    for frame in claims.read_tables(studies.figures_dir() / "cpu").values():
+        marked |= set(claims.heads(frame).query("noise != ''")["id"])
+    with_cells = {claim.id for claim in studies.declared() if claim.cells}
+    assert marked and marked <= with_cells, sorted(marked - with_cells)
+
+
+def tiny() -> experiment.Grid:
+    return experiment.Grid(n_prompts=2, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=4)
+
+
+def test_a_redecoded_run_reads_the_cells_decoded_again(smollm, tmp_path, monkeypatch):
+    grid = tiny()
+    rows = experiment.run(grid, tmp_path, progress=False, lm=smollm)
+    stored = experiment.store_for(grid, tmp_path).rows()
+    cell = rows.loc[rows["ratio"] == 0.0, "cell_id"].iloc[0]  # stored once, labelled streamingllm by the grid
+    again = ResultsStore(experiment.store_for(grid, tmp_path / REDECODED_FOLDER).path)
+    again.append([{**stored[cell], "response": "decoded again"}])
+
+    assert experiment.decoded_again(grid, tmp_path, rows).equals(rows)  # not asked for: the store's rows
+    monkeypatch.setenv(REDECODED_SETTING, "1")
+    read = experiment.decoded_again(grid, tmp_path, rows)
+    changed = read["response"] != rows["response"]
+    assert list(read.loc[changed, "cell_id"]) == [cell]
+    assert read.loc[changed, "response"].iloc[0] == "decoded again"
+    assert read[["policy", "variant", "lam", "ratio"]].equals(rows[["policy", "variant", "lam", "ratio"]])
+
+    again.append([{**stored[cell], "versions": {**stored[cell]["versions"], "code": "another"}}])
+    with pytest.raises(StoreError, match="not mixed"):
+        experiment.decoded_again(grid, tmp_path, rows)
+
+
+def line(verdict: str, magnitude: str) -> pd.Series:
+    return pd.Series({"id": leakage.PEAK_ORDER.id, "verdict": verdict, "magnitude": magnitude})
+
+
+def test_the_noise_column_says_what_decoding_again_did(monkeypatch):
+    claim = leakage.PEAK_ORDER
+    again = pd.DataFrame(
+        [{"id": claim.id, "verdict": "fails", "magnitude": "differs", studies.AGAIN: "200 of 200"}]
+    ).set_index("id")
+    monkeypatch.setattr(redecode, "coverage", lambda cells, profile: (120, 200))
+    assert studies._said_again(claim, line("fails", "differs"), again, "03", "cpu").startswith(
+        "decoded again so far: 120 of its 200 cells"
+    )
+    monkeypatch.setattr(redecode, "coverage", lambda cells, profile: (200, 200))
+    assert studies._said_again(claim, line("fails", "differs"), again, "03", "cpu") == (
+        "decoded again (200 cells, batch 64): fails, differs again"
+    )
+    flipped = studies._said_again(claim, line("inconclusive", "differs"), again, "03", "cpu")
+    assert flipped == f"{studies.SENSITIVE}: decoded again (200 cells, batch 64), verdict inconclusive -> fails"
+    partial = again.assign(**{studies.AGAIN: "150 of 200"})  # rendered before its cells were all there
+    assert "not yet read" in studies._said_again(claim, line("fails", "differs"), partial, "03", "cpu")
