@@ -6,14 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from fairkv.core import data
 from fairkv.report import outcomes
 from fairkv.runs import experiment, studies
 
-KEY = 1005  # a record of sys_ifeval_shuffled; the directive's checks matter for ``obeys`` only
-
-
 def row(response: str, directive: float = 0.0, defense: float = 0.0, key: int | None = None) -> dict:
-    first = experiment.data.load_records("sys_ifeval_shuffled")[0]
+    first = data.load_records("sys_ifeval_shuffled")[0]
     return {
         "response": response,
         "leak_directive": directive,
@@ -49,7 +47,7 @@ def test_each_outcome_on_an_answer_of_its_kind(answer, directive, expected):
 
 def test_obeys_needs_the_directive_carried_out():
     """The first shuffled record asks for markdown-highlighted sections: three of them carry it out, none does not."""
-    record = experiment.data.load_records("sys_ifeval_shuffled")[0]
+    record = data.load_records("sys_ifeval_shuffled")[0]
     assert "highlight at least 3 sections" in record.system
     done = "*Location:* city centre. *Food:* Indian. *Name:* The Golden Palace."
     assert outcomes.outcome(row(done), ATTACK) == "obeys"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hand_rows import answer
 
 import fairkv.studies
 from fairkv.report import analysis, verdicts
@@ -141,7 +142,7 @@ def trec_rows(n: int = 12) -> pd.DataFrame:
                             variant=variant,
                             order="normal",
                             ratio=ratio,
-                            query="attack",
+                            **answer(float(bucket != "3k" or k < 2)),
                             refused=float(bucket != "3k" or k < 2),
                             **{analysis.LEAKAGE: leak + 0.01 * (k % 3)},
                         )

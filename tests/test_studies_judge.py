@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hand_rows import answer
 from scipy import stats
 
 from fairkv import studies
@@ -43,6 +44,7 @@ def judged_rows(n: int = 20, fair: list[int] | None = None, base: list[int] | No
                     "judge_expected": 3.0 * leak + 0.01 * key,
                     analysis.LEAKAGE: 0.5 * leak + 0.001 * key,
                     "refused": 1.0 - leak,
+                    **answer(1.0 - leak),
                     "cell_id": f"{key}-{variant}-{ratio}",
                 }
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hand_rows import answer
 
 import fairkv.studies
 from fairkv.report import analysis, verdicts
@@ -48,7 +49,7 @@ def whitelist_rows(defense_base: float, n: int = 20) -> pd.DataFrame:
                             "variant": variant,
                             "order": "normal",
                             "ratio": ratio,
-                            "query": "attack",
+                            **answer(float(not compressed or variant == "whitelist")),
                             analysis.LEAKAGE: leak + 0.01 * (key % 3),
                             "refused": float(not compressed or variant == "whitelist"),
                             "leak_defense": 0.03
@@ -128,7 +129,7 @@ def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10, leak
                             "variant": variant,
                             "order": order,
                             "ratio": ratio,
-                            "query": "attack",
+                            **answer(0.0),
                             analysis.LEAKAGE: level + 0.01 * (key % 3),
                             "refused": 0.0,
                         }
@@ -198,4 +199,6 @@ def test_snapkv_fair_matches_on_the_change_while_its_levels_differ():
     snapkv = claims.loc[fair.SNAPKV_LEAKAGE.id]
     assert (snapkv["verdict"], snapkv["magnitude"]) == (HOLDS, DIFFERS)
     assert "the paper's numbers: change matches; before, after differs" in snapkv["ours"]
-    assert snapkv["why"].startswith("model: at r = 0.7 the attack is refused 0.00 of the time")
+    assert snapkv["why"].startswith(
+        "model: at r = 0.7 the attack answers (n = 20) refuse 0.00, recite the prompt 0.00, echo"
+    )

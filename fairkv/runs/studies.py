@@ -181,6 +181,7 @@ STUDIES: dict[str, Study] = {
             "03_fig5_flipped",
             "03_fig6_defense",
             "03_fig6_defense_raw",
+            "03_outcomes",
             "03_paper_vs_us",
         ),
     ),
@@ -209,7 +210,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelist",
-        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_paper_vs_us"),
+        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_outcomes", "05_paper_vs_us"),
     ),
     "fair": Study(
         "06",
@@ -221,7 +222,14 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "fair",
-        figures=("06_fig9_fair", "06_fig13_defense", "06_table1", "06_paper_vs_us"),
+        figures=(
+            "06_fig9_fair",
+            "06_fig13_defense",
+            "06_outcomes_normal",
+            "06_outcomes",
+            "06_table1",
+            "06_paper_vs_us",
+        ),
     ),
     "fair_flipped": Study(
         "06",
@@ -236,7 +244,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100),
         },
         "fair",
-        figures=("06_fig14_flipped",),
+        figures=("06_fig14_flipped", "06_outcomes_flipped"),
     ),
     # Appendix G-H, Figs 15-18; at the cpu profile StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage
     # at every point
