@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 
 from fairkv.core import data
+from fairkv.core.paths import REPO_ROOT
 from fairkv.report import outcomes
 from fairkv.runs import experiment, studies
+
 
 def row(response: str, directive: float = 0.0, defense: float = 0.0, key: int | None = None) -> dict:
     first = data.load_records("sys_ifeval_shuffled")[0]
@@ -59,11 +61,19 @@ def test_only_attack_answers_have_an_outcome():
         outcomes.classify(pd.DataFrame([{**row("x"), "query": "benign"}]))
 
 
+# the committed rows, wherever FAIRKV_RESULTS_DIR points the run's own (``make test`` computes into a fresh folder)
+COMMITTED = REPO_ROOT / "results" / "cpu"
+
+
+def committed_attack_rows() -> dict:
+    return experiment.store_for(studies.grid("leakage", "cpu"), COMMITTED).rows()
+
+
 @pytest.fixture(scope="module")
 def labelled() -> pd.DataFrame:
     """The hand-labelled answers with the committed rows they label (cpu profile, the leakage store)."""
     labels = outcomes.read_labels()
-    stored = experiment.store_for(studies.grid("leakage", "cpu"), studies.results_folder("cpu")).rows()
+    stored = committed_attack_rows()
     missing = [c for c in labels["cell_id"] if c not in stored]
     assert not missing, f"labelled cells not in the committed store: {missing[:3]}"
     rows = pd.DataFrame([stored[c] for c in labels["cell_id"]])
@@ -74,7 +84,7 @@ def labelled() -> pd.DataFrame:
 
 def test_the_labels_are_the_samples_drawn_for_them(labelled):
     """Each labelled set is exactly its draw (``labelled_sets``) from the committed attack rows."""
-    stored = experiment.store_for(studies.grid("leakage", "cpu"), studies.results_folder("cpu")).rows()
+    stored = committed_attack_rows()
     drawn = outcomes.labelled_sets(outcomes.labelling_pool(pd.DataFrame(list(stored.values()))))
     for name, rows in drawn.items():
         assert sorted(rows["cell_id"]) == sorted(labelled.loc[labelled["set"] == name, "cell_id"]), name
