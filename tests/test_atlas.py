@@ -2,6 +2,7 @@
 one-prefill collector equal to running each press alone, resumable rows, and the bias verdicts."""
 
 import pandas as pd
+from hand_rows import answer
 import pytest
 import torch
 from kvpress import BasePress
@@ -175,7 +176,7 @@ def _named() -> pd.DataFrame:
 def _attacked(refusals: dict[str, dict[tuple[str, float], list[int]]]) -> pd.DataFrame:
     return pd.DataFrame(
         [
-            {"policy": policy, "variant": v, "ratio": r, "key": k, "refused": float(x)}
+            {"policy": policy, "variant": v, "order": "normal", "ratio": r, "key": k, "refused": float(x), **answer(x)}
             for policy, settings in refusals.items()
             for (v, r), values in settings.items()
             for k, x in enumerate(values)
@@ -242,6 +243,12 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     restores = heads.loc[atlas_study.WHITELIST_RESTORES.id, "ours"]
     assert restores.startswith("whitelist - base SnapKV +0.85") and "KeyDiff +0.00" in restores
     assert "LagKV: identical to StreamingLLM, not counted" in restores
+    # the attack side alone cannot say what the whitelist costs benign queries: its mechanism stays open
+    assert heads.loc[atlas_study.WHITELIST_RESTORES.id, "mechanism"] == verdicts.INCONCLUSIVE
+    assert (
+        "SnapKV inconclusive (refusal restored, its price not measured)"
+        in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]
+    )
     assert "largest keep-rate difference 0.00" in heads.loc[atlas_study.LAGKV_IS_STREAMING.id, "ours"]
     many = {setting: [1] * 100 for setting in KEEPS}
     alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": many}), rows=rows)

@@ -56,7 +56,7 @@ def calibration(low: float) -> pd.DataFrame:
 
 
 def claims_of(rows: pd.DataFrame, calibrated: pd.DataFrame | None) -> pd.DataFrame:
-    table = studies.paper_vs_us(judge, rows, "streamingllm", calibrated)
+    table = studies.paper_vs_us(judge, rows, "streamingllm", calibrated, rows)
     return table[table["part"] == ""].set_index("id")
 
 

@@ -20,6 +20,10 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
 - **Magnitude.** For each paper number the claim declares and the measurement estimates, ``verdicts.magnitude`` with
   that number's kind; a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a change matches
   while a level differs (or the other way) the line says which.
+- **Mechanism.** A claim on a mitigation (``Claim.mitigation``) is also judged on what moved its number
+  (``Measured.mechanism``, read by ``fairkv.studies.mechanism``): the paper's (the attack's refusal restored at a small
+  price in benign refusals), other, inconclusive; n.a. for every other claim and where the direction decides nothing.
+  Its numbers go to ``why``.
 - **Multiplicity.** Every direction is decided again at the Bonferroni level 1 - 5% / k, k the findings declared
   across the studies (``fairkv.studies.family``); the column ``bonferroni`` shows the verdict there when it differs.
 - **Decoding noise.** Where the profile's decoding noise was measured (``fairkv.report.noise``), a claim whose
@@ -49,6 +53,7 @@ COLUMNS = (
     "n",
     "verdict",
     "magnitude",
+    "mechanism",
     "why",
     "bonferroni",
     "noise",
@@ -112,6 +117,7 @@ class Claim:
     parts: str = ""  # how several parts make one verdict, when they do
     score: str = ""  # the row score whose decoding noise reaches the claim ("": it reads no decoded answer)
     cells: tuple = ()  # runs.redecode.Cells its deciding parts read: decoded again where decoding noise reaches it
+    mitigation: str = ""  # the mitigation (whitelist, fair) whose mechanism the claim is judged on ("": none)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -133,6 +139,28 @@ class Claim:
     @property
     def paper_text(self) -> str:
         return self.paper.format(**{name: str(number) for name, number in self.numbers.items()})
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """What moved a mitigation's number, read from rows (``fairkv.studies.mechanism``): the verdict (one of
+    ``verdicts.MECHANISMS``), why in a phrase (``because``) and the numbers it rests on (``sides``: what -> "base ->
+    mitigation (change)")."""
+
+    verdict: str
+    because: str
+    sides: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        if self.verdict not in verdicts.MECHANISMS:
+            raise ClaimError(f"unknown mechanism verdict {self.verdict!r}: use one of {', '.join(verdicts.MECHANISMS)}")
+
+    @property
+    def said(self) -> str:
+        return "; ".join(f"{what} {levels}" for what, levels in self.sides)
+
+    def __str__(self) -> str:
+        return f"{self.verdict}, {self.because}: {self.said}" if self.because else self.verdict
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,7 @@ class Measured:
     why: str = ""
     untestable: str = ""
     gate: str = ""
+    mechanism: Mechanism | None = None  # what moved the number, for a claim on a mitigation (``Claim.mitigation``)
 
 
 def _decided(claim: Claim, part: Part, level: float) -> str:
@@ -199,6 +228,20 @@ def magnitude(claim: Claim, measured: Measured) -> tuple[str, str]:
     mixed = sum(bool(names) for names in said.values()) > 1
     note = "; ".join(f"{', '.join(names)} {verdict}" for verdict, names in said.items() if names) if mixed else ""
     return verdicts.all_magnitudes(list(each.values())), note
+
+
+def mechanism(claim: Claim, measured: Measured) -> Mechanism:
+    """The claim's mechanism verdict: its measurement's for a claim on a mitigation, n.a. otherwise and where the
+    direction decides nothing (untestable, or the judge's gate). A mitigation claim measured without one, or a claim
+    on none measured with one, is an error."""
+    if bool(claim.mitigation) != (measured.mechanism is not None):
+        raise ClaimError(
+            f"{claim.id}: a claim on a mitigation (Claim.mitigation) is measured with its mechanism "
+            "(Measured.mechanism), and only such a claim"
+        )
+    if measured.mechanism is None or measured.untestable or (claim.judged and measured.gate):
+        return Mechanism(verdicts.NOT_APPLICABLE, "")
+    return measured.mechanism
 
 
 def bonferroni_level(family: int) -> float:
@@ -243,6 +286,9 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
     if claim.judged and measured.gate:
         ours += f"; {measured.gate}"
     why = measured.why if verdict in (verdicts.FAILS, verdicts.UNTESTABLE) or size == verdicts.DIFFERS else ""
+    moved = mechanism(claim, measured)
+    if moved.verdict != verdicts.NOT_APPLICABLE:
+        why = "; ".join(filter(None, [why, f"mechanism: {moved}"]))
     head = {
         "id": claim.id,
         "figure": claim.figure,
@@ -252,6 +298,7 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
         "n": int(measured.n),
         "verdict": verdict,
         "magnitude": size,
+        "mechanism": moved.verdict,
         "why": why,
         "bonferroni": again if again != verdict else "",
         "noise": near_noise(claim, measured, noise),
@@ -314,6 +361,7 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
         f"**What we see** on {model} ({profile} profile, n = {n} prompts): {len(findings)} "
         f"claim{'s' * (len(findings) != 1)}, in direction {counted(findings, 'verdict', verdicts.VERDICTS)}; in "
         f"magnitude {counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + mechanism_counts(findings)
         + (f"; {len(checks)} sanity check{'s' * (len(checks) != 1)} apart" if len(checks) else "")
     )
     if profile == "ci":
@@ -339,6 +387,13 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             )
             + "."
         )
+    judged = findings[~findings["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
+    if len(judged):
+        said.append(
+            "What moved the mitigations' numbers (attack refusal, benign refusal and keep rates, base -> mitigation): "
+            + "; ".join(f"{row.claim}: {row.mechanism}, {_because(row.why)}" for row in judged.itertuples())
+            + "."
+        )
     if len(checks):
         said.append(
             "Sanity checks (true on any model by construction, not counted): "
@@ -346,6 +401,21 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             + "."
         )
     return "\n\n".join(said)
+
+
+def mechanism_counts(claims: pd.DataFrame) -> str:
+    """'; mechanism of the 4 judged on it: 1 the paper's, 2 other, 1 inconclusive' ('' when no claim is)."""
+    judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])] if "mechanism" in claims else claims[:0]
+    if judged.empty:
+        return ""
+    mechanisms = verdicts.MECHANISMS[:-1]
+    return f"; mechanism of the {len(judged)} judged on it: {counted(judged, 'mechanism', mechanisms)}"
+
+
+def _because(why: str) -> str:
+    """The mechanism's phrase from a line's ``why`` (what follows 'mechanism: <verdict>, ' up to its numbers)."""
+    said = why.split("mechanism: ", 1)[-1]
+    return said.split(", ", 1)[-1].split(": ", 1)[0]
 
 
 def _with_why(row, why: bool) -> str:
@@ -381,6 +451,7 @@ def headline(every: pd.DataFrame) -> str:
     return (
         f"{len(findings)} claims; direction: {counted(findings, 'verdict', verdicts.VERDICTS)}; magnitude: "
         f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + mechanism_counts(findings)
         + (f"; {len(checks)} sanity checks apart" if len(checks) else "")
     )
 
@@ -415,7 +486,12 @@ def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
         "cannot test it on this model, with the reason). **Magnitude**: matches when our whole interval lies within "
         f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
         "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "
-        "uncertain when neither, n.a. when the paper gives no number. A claim of several parts (orders, policies, "
+        "uncertain when neither, n.a. when the paper gives no number. **Mechanism** (a claim on a mitigation, "
+        "whatever its direction): the paper's (the mitigation restores the attack's refusal while benign queries are "
+        "refused less than `fairkv.studies.mechanism.SPECIFICITY_MARGIN` more), other (the refusal not restored or "
+        "lowered, or bought with benign refusals: something else moved the number), inconclusive, n.a. (a claim on no "
+        "mitigation, or one that decides nothing); the numbers it rests on are in `why`. A claim of several parts "
+        "(orders, policies, "
         "dominance rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); "
         "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
         "construction) are listed apart and not counted. `why` is computed from the rows. "

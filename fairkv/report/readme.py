@@ -1,12 +1,12 @@
 """The README's results section, written from the tables, never by hand.
 
 ``section`` reads a figures folder (``figures/<profile>/``: the notebooks' paper-vs-us tables and the tables the
-confounds quote) and returns the section: a three-line bottom line (what reproduces, what does not, the likely
-reason), the paper's claims at a glance (claim | paper | ours [95%] | n | direction | magnitude | figure), the
-coverage of every figure and table of the paper (``fairkv.report.coverage``) and the known confounds, each with its number
-from its table. ``write`` puts it between the README's markers; ``fairkv reproduce`` calls it for the profile the
-README shows (``PROFILE``), and a test compares the README with ``section`` on the committed tables, so a number in
-it cannot drift from its table.
+confounds quote) and returns the section: a bottom line (what reproduces, what does not, the likely reason, and where
+each mitigation helps and where it hurts: ``fairkv.report.mitigations``), the paper's claims at a glance (claim |
+paper | ours [95%] | n | direction | magnitude | mechanism | figure), the coverage of every figure and table of the
+paper (``fairkv.report.coverage``) and the known confounds, each with its number from its table. ``write`` puts it
+between the README's markers; ``fairkv reproduce`` calls it for the profile the README shows (``PROFILE``), and a
+test compares the README with ``section`` on the committed tables, so a number in it cannot drift from its table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import analysis, claims, coverage, verdicts
+from fairkv.report import analysis, claims, coverage, mitigations, verdicts
 from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
@@ -81,6 +81,7 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
                 "n": row.n,
                 "direction": row.verdict,
                 "magnitude": row.magnitude,
+                "mechanism": row.mechanism,
                 "figure": f"{row.figure}: {shown}" if target is not None else shown,
             }
         )
@@ -156,15 +157,18 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
         f"On the `{profile}` profile ({grid.note}).",
         "",
         *bottom_line(found, grid.model),
+        *(f"- {line}" for line in mitigations.where(folder)),
         "",
         f"### The paper's claims at a glance ({len(found)}: direction "
         f"{claims.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
-        f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)})",
+        f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)}{claims.mechanism_counts(found)})",
         "",
         "Direction: the claim holds, fails (outside, or a null within its margin) or is inconclusive on our 95% "
         "interval, or is untestable here; magnitude: our interval inside the paper's number widened by a tolerance per "
         "kind of quantity (matches), wholly away from it (differs), neither (too uncertain), or n.a. where the paper "
-        "gives none (`fairkv.report.verdicts`). One line per claim; sanity checks are not counted. Every claim in "
+        "gives none (`fairkv.report.verdicts`); mechanism, for a claim on a mitigation: the paper's (the attack's "
+        "refusal restored at a small price in benign refusals), other (something else moved the number), inconclusive "
+        "(`fairkv.studies.mechanism`). One line per claim; sanity checks are not counted. Every claim in "
         f"full, with its parts and why it fails or differs: "
         f"{coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the paper: "
         f"{coverage.link(link_from / 'docs' / 'beyond_the_paper.md', link_from)}.",

@@ -52,6 +52,9 @@ MIN_BOOTSTRAP = 10  # prompts below which a bootstrap gives no interval and deci
 MIN_TAIL_DRAWS = 10  # bootstrap draws a percentile bound needs in its tail (95%: 25 of 1,000, 10 of 400); fewer: normal
 MATCHES, DIFFERS, TOO_UNCERTAIN, NOT_APPLICABLE = "matches", "differs", "too uncertain", "n.a."
 MAGNITUDES = (MATCHES, DIFFERS, TOO_UNCERTAIN, NOT_APPLICABLE)
+# whether what moved a mitigation's number is the paper's mechanism (``fairkv.studies.mechanism``)
+PAPERS, OTHER = "the paper's", "other"
+MECHANISMS = (PAPERS, OTHER, INCONCLUSIVE, NOT_APPLICABLE)
 # How far from the paper's number ours may lie and still be "about the same", per kind of quantity: the paper's
 # numbers are read off its figures (about +-0.05) on another model (Llama-3.1-8B).
 TOLERANCE = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
-from fairkv.report import claims
+from fairkv.report import claims, mitigations
 from fairkv.report.noise import Noise
 from fairkv.runs import redecode
 from fairkv.runs.fingerprint import code_fingerprint
@@ -128,10 +128,11 @@ def _said_again(claim: claims.Claim, line: pd.Series, again: pd.DataFrame | None
 
 def thresholds() -> str:
     """SUMMARY's preamble on thresholds: every bound and margin a claim declares, with its reason."""
-    from fairkv.studies import reading
+    from fairkv.studies import mechanism, reading
 
     lines = ["Thresholds every study shares:", ""]
     lines += [f"- `{name}` = {value:g}: {reason}" for name, value, reason in reading.SHARED]
+    lines += [f"- `mechanism.SPECIFICITY_MARGIN` = {mechanism.SPECIFICITY_MARGIN:g}: {mechanism.SPECIFICITY_NULL}"]
     lines += ["", "Thresholds of the claims' own (each declared with its claim, `fairkv/studies/`):", ""]
     for claim in declared():
         said = []
@@ -179,6 +180,8 @@ def write_summary(folder: Path, title: str) -> Path:
         [
             f"Rows computed by fairkv's result code {code_fingerprint()} (`fairkv.runs.fingerprint`).",
             *([f"{noise.said()} {recomputed(folder)}"] if noise is not None else []),
+            "Where each mitigation helps and where it hurts (`fairkv.report.mitigations`, from the notebooks' "
+            "mechanism tables):\n\n" + "\n".join(f"- {line}" for line in mitigations.where(folder)),
             thresholds(),
         ]
     )

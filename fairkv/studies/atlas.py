@@ -19,11 +19,11 @@ import pandas as pd
 from fairkv.core.presses import get_policy
 from fairkv.core.presses.registry import CATALOG
 from fairkv.report import press_patterns, verdicts
-from fairkv.report.claims import OURS, SANITY, Claim, Measured, Part
+from fairkv.report.claims import OURS, SANITY, Claim, Measured, Mechanism, Part
 from fairkv.report.press_patterns import BALANCED_WITHIN, BIAS_RATIO
 from fairkv.runs.atlas import SPANS
 from fairkv.runs.redecode import Cells
-from fairkv.studies import reading
+from fairkv.studies import mechanism, reading
 
 BIAS = "bias: the defense's keep rate minus the directive's (the defense comes first in the normal order, last in the "
 BIAS += "flipped one)"
@@ -106,6 +106,7 @@ WHITELIST_RESTORES = Claim(
     parts="one per press that loses the refusal: all must hold; a press that does not has nothing to restore",
     score="refused",
     cells=(Cells("atlas_attacks", policies=("keydiff",), variants=("base", "whitelist"), ratios=(0.5,)),),
+    mitigation="whitelist",
 )
 CLAIMS = (STREAMING_LATER, KNORM_EARLIER, TOVA_BALANCED, LAGKV_IS_STREAMING, REFUSAL_LOST, WHITELIST_RESTORES)
 # the pattern claims: their press (label), the pattern the paper states, and each order's region
@@ -194,7 +195,7 @@ def measure(
     if attack_rows is None or attack_rows.empty:
         return out
 
-    lost, restored, nothing_to_restore, refusals, with_whitelist = [], [], [], {}, {}
+    lost, restored, nothing_to_restore, refusals, with_whitelist, moved = [], [], [], {}, {}, {}
     for policy, attacked in attack_rows.groupby("policy", sort=False):
         press = get_policy(policy).label
         if press in same:
@@ -210,6 +211,7 @@ def measure(
             continue
         white = _refusal(attacked, "whitelist", ratio)
         restored.append(Part(press, verdicts.difference(white, at)))
+        moved[press] = mechanism.read(attack_rows, "whitelist", ratio, policy)
         with_whitelist[press] = f"{refusals[press]}, {white.mean():.2f} with the whitelist"
     if not lost:
         return out
@@ -246,5 +248,6 @@ def measure(
         if restored
         else untestable,
         untestable="" if restored else f"{untestable}: nothing to restore",
+        mechanism=mechanism.combined(moved) if moved else Mechanism(verdicts.NOT_APPLICABLE, ""),
     )
     return out

@@ -3,7 +3,8 @@ every instruction span keeps the same share of its tokens. Fair eviction lowers 
 where the paper quotes Fig 9); every composite score of Table 1 (Section 6: half the accuracy gain plus half the
 leakage drop against the base policy, averaged over r in 0.4-0.7) is positive; in the flipped order fair eviction
 largely removes the order effect on accuracy (Fig 14). Table 1's entries are declared once here (``TABLE1``): the
-claim reads their means, ``table1_beside`` prints them with their std beside ours."""
+claim reads their means, ``table1_beside`` prints them with their std beside ours. Each claim is judged on the paper's
+mechanism too (``mechanism.read``): the order gap on whether fair eviction keeps the flipped order's refusal."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fairkv.report import analysis, verdicts
 from fairkv.runs.redecode import Cells
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.runs.studies import TABLE1_RATIOS
-from fairkv.studies import reading
+from fairkv.studies import mechanism, reading
 from fairkv.studies.reading import PEAK
 
 FAIR_RATIO = 0.7  # where the paper quotes Fig 9
@@ -66,6 +67,7 @@ TABLE1_POSITIVE = Claim(
     score="prompt_strict",
     # the parts at or below 0 decide: TOVA fair and H2O fair
     cells=(Cells("fair", policies=("tova", "h2o"), variants=("base", "fair"), ratios=TABLE1_RATIOS),),
+    mitigation="whitelist and fair",
 )
 ORDER_GAP = Claim(
     "fair.order_gap",
@@ -77,6 +79,7 @@ ORDER_GAP = Claim(
     region="the base policy's order gap minus fair eviction's above 0",
     margin=reading.RATE_MARGIN,
     null=reading.RATE_NULL,
+    mitigation="fair",
 )
 CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, TABLE1_POSITIVE, ORDER_GAP)
 
@@ -166,6 +169,9 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
         {_entry(p, v): e for (p, v), e in scores.items() if (p, v) in TABLE1},
         f"model: over r in {', '.join(f'{r:g}' for r in TABLE1_RATIOS)} and the policies, "
         + "; ".join(_moved(rows, v) for v in variants),
+        mechanism=mechanism.combined(
+            {f"{reading.label(p)} {v}": mechanism.read(rows, v, TABLE1_RATIOS, p) for p, v in scores}
+        ),
     )
 
     both = pd.concat([rows, flipped], ignore_index=True)
@@ -185,5 +191,7 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
         why=f"the order gap at r = {PEAK:g} is {abs(at[('base', 'normal')].value - at[('base', 'flipped')].value):.2f} "
         f"for the base policy and {abs(at[('fair', 'normal')].value - at[('fair', 'flipped')].value):.2f} with fair "
         "eviction",
+        # the order gap closes the paper's way when fair eviction keeps the flipped order's defense, and its refusal
+        mechanism=mechanism.read(flipped, "fair", PEAK, "streamingllm", order="flipped"),
     )
     return out

@@ -17,7 +17,7 @@ from scipy import stats
 from fairkv.core.metrics import LEAK_THRESHOLD
 from fairkv.report import analysis, outcomes, verdicts
 from fairkv.report.claims import NO_NUMBER, OURS, Claim, Measured, Number, Part
-from fairkv.studies import reading
+from fairkv.studies import mechanism, reading
 from fairkv.studies.reading import PEAK
 
 RANKS_ALIKE = 0.5  # a rank correlation above this: the judge orders responses much as ROUGE-L does
@@ -51,6 +51,7 @@ WHITELIST_LOWERS = Claim(
     margin=reading.RATE_MARGIN,
     null=reading.RATE_NULL,
     judged=True,
+    mitigation="whitelist",
 )
 FAIR_LOWERS = Claim(
     "judge.fair_lowers",
@@ -63,6 +64,7 @@ FAIR_LOWERS = Claim(
     margin=reading.RATE_MARGIN,
     null=reading.RATE_NULL,
     judged=True,
+    mitigation="fair",
 )
 RANKS_LIKE_ROUGE = Claim(
     "judge.ranks_like_rouge",
@@ -127,10 +129,12 @@ def leak_calls(rows: pd.DataFrame, **matched) -> str:
 
 
 def measure(
-    rows: pd.DataFrame, policy: str = "streamingllm", calibration: pd.DataFrame | None = None
+    rows: pd.DataFrame, policy: str, calibration: pd.DataFrame | None, study: pd.DataFrame
 ) -> dict[str, Measured]:
-    """The claims of notebook 10 from the judged attack rows (``fairkv.runs.judge.judge_rows``) and the judge's
-    calibration (``analysis.calibration_summary``; None: no gate)."""
+    """The claims of notebook 10 from the judged attack rows (``fairkv.runs.judge.judge_rows``), the judge's
+    calibration (``analysis.calibration_summary``; None: no gate) and the ``study``'s rows the judged ones come from
+    (``analysis.with_benign_flags`` applied: what moved the mitigations' numbers, ``mechanism.read``, reads their benign
+    side)."""
     judged = rows.assign(judge_leak=rows["judge_leak"].astype(float))
     quoted, gate = _calibration(calibration)
     trusted = f"; {quoted}" if quoted and not gate else ""
@@ -166,6 +170,7 @@ def measure(
             f"{variant}: leak rate {before.value:.2f} -> {after.value:.2f} at r = {PEAK:g}; "
             + _judge_why(judged, quoted, policy=policy, variant=variant, order="normal"),
             gate=gate,
+            mechanism=mechanism.read(study, variant, PEAK, policy),
         )
     scored = judged.dropna(subset=["judge_expected", analysis.LEAKAGE])
     rho = verdicts.resampled(scored, _rank_agreement)

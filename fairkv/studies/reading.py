@@ -162,8 +162,9 @@ def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:
 
 
 def lowers_leakage(study: str, figure: str, mitigation: str, ratio: float, policy: str, before, after):
-    """The paper's claim that ``mitigation`` lowers ``policy``'s directive leakage at ``ratio`` (Figs 8 and 9): its
-    levels ``before`` -> ``after`` (``claims.Number``) written once, the change derived from them (``change_of``)."""
+    """The paper's claim that ``mitigation`` (the variant ``study``) lowers ``policy``'s directive leakage at ``ratio``
+    (Figs 8 and 9): its levels ``before`` -> ``after`` (``claims.Number``) written once, the change derived from them
+    (``change_of``); judged on its mechanism too."""
     from fairkv.report.claims import Claim
 
     return Claim(
@@ -177,13 +178,16 @@ def lowers_leakage(study: str, figure: str, mitigation: str, ratio: float, polic
         margin=LEAK_MARGIN,
         null=LEAK_NULL,
         score="leak_directive",
+        mitigation=study,
     )
 
 
 def leakage_lowered(rows: pd.DataFrame, variant: str, policy: str, ratio: float):
     """The measurement of a ``lowers_leakage`` claim: base -> ``variant`` directive leakage at ``ratio`` (normal order),
-    its change as the deciding part, the levels and the change as our sizes of the paper's numbers."""
+    its change as the deciding part, the levels and the change as our sizes of the paper's numbers, and what moved it
+    (``mechanism.read``)."""
     from fairkv.report.claims import Measured, Part
+    from fairkv.studies import mechanism
 
     before, after, change = before_after(rows, variant, policy, ratio)
     return Measured(
@@ -192,6 +196,7 @@ def leakage_lowered(rows: pd.DataFrame, variant: str, policy: str, ratio: float)
         change.n,
         {"before": before, "after": after, "change": change},
         recital_why(rows, ratio, policy=policy, variant="base", order="normal"),
+        mechanism=mechanism.read(rows, variant, ratio, policy),
     )
 
 

@@ -2,16 +2,17 @@
 defense's key phrase are always kept, the base policy chooses the rest of the budget. The whitelist lowers directive
 leakage (read at r = 0.6, where the paper quotes Fig 8) while directive accuracy stays about unchanged, and keeps
 defense leakage low (Fig 13 left). Whether the model keeps refusing the attack with the whitelist is ours: Fig 8
-quotes leakage, not refusal."""
+quotes leakage, not refusal. Each claim is judged on the paper's mechanism too (``mechanism.read``): the refusal
+restored at a small price in benign refusals."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
-from fairkv.report.claims import OURS, Claim, Measured, Number, Part
+from fairkv.report.claims import OURS, Claim, Measured, Mechanism, Number, Part
 from fairkv.runs.redecode import Cells
-from fairkv.studies import reading
+from fairkv.studies import mechanism, reading
 
 WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
 
@@ -34,6 +35,7 @@ KEEPS_REFUSING = Claim(
     null=reading.RATE_NULL,
     status=OURS,
     score="refused",
+    mitigation="whitelist",
 )
 ACCURACY_UNCHANGED = Claim(
     "whitelist.accuracy_unchanged",
@@ -46,6 +48,7 @@ ACCURACY_UNCHANGED = Claim(
     region=f"about unchanged: within +-{reading.RATE_MARGIN:g}, {reading.RATE_NULL}",
     score="prompt_strict",
     cells=(Cells("whitelist", ratios=(0.4, 0.5, 0.6, 0.7), queries=("benign",)),),
+    mitigation="whitelist",
 )
 DEFENSE_LEAKAGE = Claim(
     "whitelist.defense_leakage",
@@ -59,8 +62,14 @@ DEFENSE_LEAKAGE = Claim(
     margin=reading.LEAK_MARGIN,
     null=reading.LEAK_NULL,
     score="leak_defense",
+    mitigation="whitelist",
 )
 CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, KEEPS_REFUSING, ACCURACY_UNCHANGED, DEFENSE_LEAKAGE)
+
+
+def _per_policy(rows: pd.DataFrame, ratios, policies) -> Mechanism:
+    """The whitelist's mechanism read per policy over ``ratios`` (``mechanism.read``), combined."""
+    return mechanism.combined({reading.label(p): mechanism.read(rows, "whitelist", ratios, p) for p in policies})
 
 
 def measure(rows: pd.DataFrame) -> dict[str, Measured]:
@@ -78,6 +87,7 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         why=f"at r = {top:g} the attack is refused {after.value:.2f} of the time with the whitelist, {before.value:.2f} "
         "without it",
         untestable=reading.no_room(before, 1.0, f"the base policy's refusal rate at r = {top:g}"),
+        mechanism=mechanism.read(rows, "whitelist", top, "streamingllm"),
     )
 
     ratios = reading.positive_ratios(rows, "benign")
@@ -99,6 +109,7 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         change.n,
         why="the whitelist moves accuracy by "
         + ", ".join(f"{reading.label(p)} {v:+.2f}" for p, v in per_policy.items()),
+        mechanism=_per_policy(rows, ratios, per_policy),
     )
 
     low = tuple(r for r in sorted(set(rows["ratio"])) if 0 < r < WHITELIST_RATIO)
@@ -120,5 +131,6 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         untestable=reading.untestable_below(
             base, floor.value, f"defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})"
         ),
+        mechanism=_per_policy(rows, low, per_policy),
     )
     return out

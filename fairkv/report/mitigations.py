@@ -1,0 +1,74 @@
+"""Where each mitigation helps and where it hurts, in words, read from the mechanism tables the notebooks write
+(``tables/05_mechanism.csv``, the whitelist; ``tables/06_mechanism.csv``, fair eviction in both orders;
+``fairkv.studies.mechanism.table``): at which policies and ratios the refusal comes back the paper's way, and at which
+something else moved the number (the refusal not restored or lowered, or benign queries refused more). The README's
+bottom line and SUMMARY.md both print these lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fairkv.core.presses import get_policy
+from fairkv.report import verdicts
+
+TABLES = {"whitelist": "05_mechanism", "fair": "06_mechanism"}  # the mitigation -> the table its notebook writes
+NAMES = {"whitelist": "The whitelist", "fair": "Fair eviction"}
+
+
+class MitigationsError(ValueError):
+    """A folder without the mechanism tables."""
+
+
+def _read(folder: Path, variant: str) -> pd.DataFrame:
+    path = Path(folder) / "tables" / f"{TABLES[variant]}.csv"
+    if not path.exists():
+        raise MitigationsError(f"{path} is missing: run notebook {TABLES[variant][:2]}, which writes it")
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def _ratios(ratios) -> str:
+    """'0.4-0.7' for a run of the plotted ratios (a step of 0.1), else '0.3, 0.5'."""
+    ratios = sorted(float(r) for r in ratios)
+    runs, start = [], ratios[0]
+    for low, high in zip(ratios, ratios[1:] + [None]):
+        if high is None or round(high - low, 6) != 0.1:
+            runs.append(f"{start:g}" if start == low else f"{start:g}-{low:g}")
+            start = high
+    return ", ".join(runs)
+
+
+def settings(frame: pd.DataFrame) -> str:
+    """'StreamingLLM r = 0.4-0.7, SnapKV r = 0.6, 0.7 (flipped order: H2O r = 0.4)': the settings of ``frame``."""
+    said = []
+    for order, picked in frame.groupby("order", sort=False):
+        each = ", ".join(
+            f"{get_policy(policy).label} r = {_ratios(group['ratio'])}"
+            for policy, group in picked.groupby("policy", sort=False)
+        )
+        said.append(each if order == "normal" else f"{order} order: {each}")
+    return "; ".join(said)
+
+
+def where(folder: Path) -> list[str]:
+    """One line per mitigation: where it restores the refusal the paper's way, where something else moved its
+    numbers (by why), and how many settings are undecided, over every policy, order and ratio its table holds."""
+    lines = []
+    for variant, name in NAMES.items():
+        table = _read(folder, variant)
+        papers = table[table["mechanism"] == verdicts.PAPERS]
+        said = [
+            f"**{name}** (the attack's refusal, the benign queries' refusal and the keep rates at {len(table)} "
+            f"settings, `{TABLES[variant]}`) works the paper's way at "
+            + (f"{len(papers)}: {settings(papers)}" if len(papers) else "none")
+        ]
+        other = table[table["mechanism"] == verdicts.OTHER]
+        for because, picked in other.groupby("because", sort=True):
+            said.append(f"{because} at {len(picked)}: {settings(picked)}")
+        undecided = table[table["mechanism"] == verdicts.INCONCLUSIVE]
+        if len(undecided):
+            reasons = " / ".join(f"{len(p)} {b}" for b, p in undecided.groupby("because", sort=True))
+            said.append(f"inconclusive at {len(undecided)} ({reasons})")
+        lines.append("; ".join(said) + ".")
+    return lines
