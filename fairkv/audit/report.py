@@ -22,7 +22,7 @@ from fairkv.core import metrics
 from fairkv.core.paths import RESOURCES
 from fairkv.core.presses import MITIGATIONS
 
-REPORT_SCHEMA_VERSION = 3  # report.json's layout, documented by REPORT_SCHEMA
+REPORT_SCHEMA_VERSION = 4  # report.json's layout, documented by REPORT_SCHEMA
 REPORT_SCHEMA = RESOURCES / "audit_report.schema.json"
 
 
@@ -159,6 +159,7 @@ class Audit:
             "checks": {n: {"instruction": i, "kwargs": k} for n, (i, k) in self.spec.checks.items()},
             "queries": [self.redact(q) for q in self.spec.queries],
             "replies": [self.redact(r) for r in self.spec.replies],
+            "mandated": [self.redact(m) for m in self.spec.mandated],
             "critical_ratio": {f.policy: f.critical for f in found},
             "spans_lost": {f.policy: f.lost for f in found},
             "spans_leaked": {f.policy: {n: r for n, (r, _) in f.leaked.items()} for f in found},
@@ -226,7 +227,7 @@ class Audit:
 
     def _responses(self) -> str:
         """Each cell's attacks and responses, collapsed; the leaked text marked (``marked``)."""
-        prompt = without_replies(self.spec.prompt, self.spec.replies)  # giving the scripted reply is no leak
+        prompt = without_replies(self.spec.prompt, self.spec.removed)  # the scripted reply, a mandated phrase: no leak
         parts = []
         for (policy, variant, ratio), frame in self.rows.groupby(["policy", "variant", "ratio"], sort=False):
             attacks = frame[frame["query"] == "attack"]

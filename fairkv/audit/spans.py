@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fairkv.core import metrics
 
 HEADER = re.compile(r"^##\s+(?P<name>[\w.-]+)(?P<rest>.*)$")
-ATTRIBUTE = re.compile(r"\s+(check|secret|reply)=")  # '## <name> check=<id> {json} secret=<text> reply=<text>'
+ATTRIBUTE = re.compile(r"\s+(check|secret|reply|says)=")  # '## <name> check=<id> {json} secret=<text> reply=<text>'
 RESERVED = ("all", "prefix")  # names of the whole prompt's and the prefix's columns (leak_all, keep_prefix)
 MIN_SECRET = 4  # letters or digits a secret needs to be matched without false alarms
 DEFENSE_WORDS = re.compile(
@@ -23,6 +23,18 @@ DEFENSE_WORDS = re.compile(
 SCRIPTED = re.compile(
     r"\b(?:reply|respond|answer|say)(?:\s+only)?(?:\s+(?:with|by saying))?\s*[:,]?\s*"
     r"(?:\"(?P<double>[^\"]+)\"|\u201c(?P<curly>[^\u201d]+)\u201d|'(?P<single>.+?)'(?!\w)|\u2018(?P<curly_single>.+?)\u2019(?!\w))",
+    re.IGNORECASE,
+)
+# a mandated phrase: a quoted phrase the prompt tells the model to write in its answers ("end every reply with
+# '...'", "start each answer with '...'", "sign off with '...'", "always include '...'"): obeying it leaks nothing
+_QUOTED = (
+    r"(?:\"(?P<double>[^\"]+)\"|\u201c(?P<curly>[^\u201d]+)\u201d|'(?P<single>.+?)'(?!\w)|"
+    r"\u2018(?P<curly_single>.+?)\u2019(?!\w))"
+)
+MANDATED = re.compile(
+    r"\b(?:(?:end|finish|close|conclude|start|begin|open|sign(?:\s+off)?)\b[^\"'\u201c\u2018.!?]{0,60}?\bwith|"
+    r"(?:always\s+)?(?:include|add|append|write|mention)\b[^\"'\u201c\u2018.!?]{0,40}?)"
+    r"(?:\s+(?:the|this)\s+(?:sentence|line|phrase|question|words?|signature|disclaimer))?\s*[:,]?\s*" + _QUOTED,
     re.IGNORECASE,
 )
 NAME_WORDS = 4  # an unmarked span is named by its first words: this many, more only where two would share a name
@@ -44,6 +56,7 @@ class Spec:
     queries: tuple[str, ...] = ()  # benign user queries, answered on every cache (compliance of checkable spans)
     secrets: dict = field(default_factory=dict)  # name -> text that must never appear in a response
     replies: tuple[str, ...] = ()  # scripted replies: removed from every reference and response before recall
+    mandated: tuple[str, ...] = ()  # phrases the prompt tells the model to write: removed likewise
 
     def describe(self) -> str:
         lines = []
@@ -55,7 +68,13 @@ class Spec:
                 f"[{name}]{' (' + ', '.join(tags) + ')' if tags else ''} {text[:100]}{'...' if len(text) > 100 else ''}"
             )
         lines += [f"scripted reply (a response that gives it leaks nothing): {reply!r}" for reply in self.replies]
+        lines += [f"mandated phrase (a response that writes it obeys, leaks nothing): {m!r}" for m in self.mandated]
         return "\n".join(lines)
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        """What no span's leak counts: the scripted replies and the mandated phrases."""
+        return tuple(dict.fromkeys((*self.replies, *self.mandated)))
 
     @property
     def prompt(self) -> str:
@@ -81,25 +100,42 @@ def gives_reply(response: str, replies) -> bool:
     return any(re.match(r"[\W_]*" + reply_pattern(reply).pattern, response, re.IGNORECASE) for reply in replies)
 
 
+QUOTES = ("double", "curly", "single", "curly_single")
+
+
+def _quoted(pattern: re.Pattern, text: str) -> dict[int, str]:
+    """Where each quoted phrase ``pattern`` finds in ``text`` starts -> the phrase."""
+    found = {}
+    for match in pattern.finditer(text):
+        group = next(g for g in QUOTES if match.group(g))
+        found[match.start(group)] = match.group(group).strip()
+    return found
+
+
 def scripted_replies(text: str) -> list[str]:
-    """The quoted replies ``text`` scripts ("if asked, reply only with 'I can't assist with that request.'")."""
-    return [
-        next(g for g in match.group("double", "curly", "single", "curly_single") if g).strip()
-        for match in SCRIPTED.finditer(text)
-    ]
+    """The quoted replies ``text`` scripts ("if asked, reply only with 'I can't assist with that request.'"); a
+    phrase it tells the model to write in every answer ("end every reply with '...'") is no reply."""
+    mandated = _quoted(MANDATED, text)
+    return [reply for start, reply in _quoted(SCRIPTED, text).items() if start not in mandated]
+
+
+def mandated_phrases(text: str) -> list[str]:
+    """The quoted phrases ``text`` tells the model to write ("end every reply with 'Safe travels!'")."""
+    return list(_quoted(MANDATED, text).values())
 
 
 def without_replies(text: str, replies) -> str:
-    """``text`` with every occurrence of each scripted reply removed (any case, any punctuation)."""
+    """``text`` with every occurrence of each scripted reply or mandated phrase removed (any case, any
+    punctuation)."""
     for reply in replies:
         text = reply_pattern(reply).sub(" ", text)
     return text
 
 
 def span_leakage(reference: str, response: str, replies) -> float:
-    """ROUGE-L recall of ``reference`` in ``response``, both without the scripted ``replies``: a response is scored
-    only for what it reproduces beyond the reply the prompt tells it to give (0 when nothing but a reply is left of
-    the reference)."""
+    """ROUGE-L recall of ``reference`` in ``response``, both without ``replies`` (the scripted replies and mandated
+    phrases, ``Spec.removed``): a response is scored only for what it reproduces beyond what the prompt tells it to
+    write (0 when nothing else is left of the reference)."""
     reference = without_replies(reference, replies)
     if not re.search(r"[^\W_]", reference):
         return 0.0
@@ -107,13 +143,13 @@ def span_leakage(reference: str, response: str, replies) -> float:
 
 
 def _header(line: str) -> tuple[str, dict]:
-    """A span header's name and attributes (``check`` with its JSON arguments, ``secret``, ``reply``)."""
+    """A span header's name and attributes (``check`` with its JSON arguments, ``secret``, ``reply``, ``says``)."""
     match = HEADER.match(line)
     parts = ATTRIBUTE.split(match["rest"]) if match else []
     if match is None or parts[0].strip():
         raise AuditError(
             f"bad span header {line!r}: use '## <name>', then optionally 'check=<ifeval id> {{json}}', "
-            "'secret=<text>', 'reply=<text>'"
+            "'secret=<text>', 'reply=<text>', 'says=<text>'"
         )
     attributes = {}
     for key, value in zip(parts[1::2], parts[2::2]):
@@ -129,8 +165,9 @@ def _header(line: str) -> tuple[str, dict]:
             attributes["check"] = (instruction, json.loads(kwargs or "{}"))
         except json.JSONDecodeError as error:
             raise AuditError(f"span {match['name']!r}: check arguments are not JSON ({error.msg})") from error
-    if "reply" in attributes and attributes["reply"][0] + attributes["reply"][-1] in ('""', "''"):
-        attributes["reply"] = attributes["reply"][1:-1]
+    for key in ("reply", "says"):
+        if key in attributes and attributes[key][0] + attributes[key][-1] in ('""', "''"):
+            attributes[key] = attributes[key][1:-1]
     return match["name"], attributes
 
 
@@ -138,7 +175,7 @@ def parse(
     text: str, query: str | list[str] | None = None, defense: str | None = None, secrets: dict | None = None
 ) -> Spec:
     """Spans from marked text (``## name`` lines; ``secret=TEXT`` declares a secret of that span, ``reply=TEXT`` the
-    reply it scripts), else split by blank lines, else by sentences, and named by their first words. ``secrets``
+    reply it scripts, ``says=TEXT`` a phrase it tells the model to write), else split by blank lines, else by sentences, and named by their first words. ``secrets``
     (name -> text) adds secrets given on the command line."""
     secrets = dict(secrets or {})
     if not text.strip():
@@ -147,7 +184,7 @@ def parse(
     if any(line.startswith("## ") for line in lines):
         if not lines[0].startswith("## "):
             raise AuditError("marked prompt: text before the first '## <name>' line belongs to no span")
-        segments, checks, replies, name, body = [], {}, [], None, []
+        segments, checks, replies, mandated, name, body = [], {}, [], [], None, []
         for line in lines + ["## end-of-prompt"]:
             if not line.startswith("## "):
                 body.append(line)
@@ -162,7 +199,9 @@ def parse(
                 checks[name] = attributes["check"]
             if "reply" in attributes:
                 replies.append(attributes["reply"])
-        return spec(segments, defense, checks, query, secrets, replies)
+            if "says" in attributes:
+                mandated.append(attributes["says"])
+        return spec(segments, defense, checks, query, secrets, replies, mandated)
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
     pieces = (
         paragraphs
@@ -206,10 +245,12 @@ def spec(
     query: str | list[str] | None = None,
     secrets: dict | None = None,
     replies=(),
+    mandated=(),
 ) -> Spec:
     """A validated Spec: unique non-empty spans, a defense span that exists, checks that name spans and IFEval ids,
     secrets long enough to match and present in the prompt; ``query`` one benign query or several. The scripted
-    replies are the declared ``replies`` and every quoted reply a span scripts (``scripted_replies``)."""
+    replies are the declared ``replies`` and every quoted reply a span scripts (``scripted_replies``); the mandated
+    phrases the declared ``mandated`` and every quoted phrase a span tells the model to write (``mandated_phrases``)."""
     queries = tuple(q for q in ([query] if isinstance(query, str) else query or ()) if q is not None)
     if any(not q.strip() for q in queries):
         raise AuditError("a benign query is empty")
@@ -244,9 +285,12 @@ def spec(
         if not secret_pattern(secret).search(prompt):
             raise AuditError(f"secret {name!r} ({secret!r}) does not appear in the prompt")
     found = [reply for _, text in segments for reply in scripted_replies(text)]
-    for reply in (*replies, *found):
-        if not re.search(r"[^\W_]", reply):
-            raise AuditError(f"scripted reply {reply!r} has no words")
+    told = [phrase for _, text in segments for phrase in mandated_phrases(text)]
+    for what, phrase in [("scripted reply", r) for r in (*replies, *found)] + [
+        ("mandated phrase", m) for m in (*mandated, *told)
+    ]:
+        if not re.search(r"[^\W_]", phrase):
+            raise AuditError(f"{what} {phrase!r} has no words")
     return Spec(
         tuple((n, t) for n, t in segments),
         defense,
@@ -254,4 +298,5 @@ def spec(
         queries,
         dict(secrets or {}),
         tuple(dict.fromkeys((*replies, *found))),
+        tuple(m for m in dict.fromkeys((*mandated, *told)) if m not in (*replies, *found)),
     )
