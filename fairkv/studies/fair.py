@@ -147,7 +147,8 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
     order's (base and fair), ``analysis.with_benign_flags`` applied."""
     out = {}
     for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
-        out[claim.id] = reading.leakage_lowered(rows, "fair", policy, FAIR_RATIO)
+        moved = mechanism.read(rows, "fair", FAIR_RATIO, policy)
+        out[claim.id] = reading.leakage_lowered(rows, "fair", policy, FAIR_RATIO, moved)
 
     reading.need_ratios(rows, TABLE1_RATIOS)
     ran = set(rows["policy"])

@@ -76,7 +76,8 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
     """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied)."""
     out = {}
     for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
-        out[claim.id] = reading.leakage_lowered(rows, "whitelist", policy, WHITELIST_RATIO)
+        moved = mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy)
+        out[claim.id] = reading.leakage_lowered(rows, "whitelist", policy, WHITELIST_RATIO, moved)
 
     top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
     before, after, change = reading.before_after(rows, "whitelist", "streamingllm", top, metric="refused")
