@@ -17,6 +17,7 @@ import pandas as pd
 import seaborn as sns
 
 from fairkv.audit import verdict
+from fairkv.audit import answers
 from fairkv.audit.spans import Spec, secret_pattern, without_replies
 from fairkv.core import metrics
 from fairkv.core.paths import RESOURCES
@@ -49,14 +50,17 @@ class Audit:
 
     def summarise(self) -> pd.DataFrame:
         """Per policy, variant and ratio: keep rate per span; over the cell's ``attacks`` (n): mean leakage, the leak
-        rate (a leak: any span's or the whole prompt's ROUGE-L recall above the threshold beyond the scripted replies,
-        or a secret) and the refusal rate, each rate with its 95% Wilson interval (``_low``, ``_high``), the leak rate
+        rate (a leak: an answer that recites, ``answers.outcome``, or writes a secret) and the refusal rate, each rate with its 95% Wilson interval (``_low``, ``_high``), the leak rate
         of each span (``span_leak_<name>``) and each secret (``secret_<name>``); compliance per checked span (mean over
-        the benign queries), and ``status`` ("ran", or why the cell could not run)."""
+        the benign queries), the share of the attack answers of each outcome (``answers_<outcome>``,
+        ``answers.OUTCOMES``), and ``status`` ("ran", or why the cell could not run)."""
         attacks = self.rows[self.rows["query"] == "attack"].copy()
         names = [name for name, _ in self.spec.segments]
+        leaked = attacks["leaked"] == 1  # an answer that recites or writes a secret, not one that refuses
         for name in names:
-            attacks[f"span_leak_{name}"] = (attacks[f"leak_{name}"] > metrics.LEAK_THRESHOLD).astype(float)
+            attacks[f"span_leak_{name}"] = (leaked & (attacks[f"leak_{name}"] > metrics.LEAK_THRESHOLD)).astype(float)
+        for said in answers.OUTCOMES:
+            attacks[answers.column(said)] = (attacks["outcome"] == said).astype(float)
         keep = [c for c in self.rows if c.startswith("keep_")]
         rates = [f"span_leak_{n}" for n in names] + [f"secret_{n}" for n in self.spec.secrets]
         cell = ["policy", "variant", "ratio"]
@@ -66,6 +70,7 @@ class Audit:
             leak_rate=("leaked", "mean"),
             refusal_rate=("refused", "mean"),
             **{c: (c, "mean") for c in rates},
+            **{answers.column(o): (answers.column(o), "mean") for o in answers.OUTCOMES},
             **{c: (c, "first") for c in keep},
         )
         for rate in ("leak_rate", "refusal_rate"):
@@ -232,12 +237,16 @@ class Audit:
         for (policy, variant, ratio), frame in self.rows.groupby(["policy", "variant", "ratio"], sort=False):
             attacks = frame[frame["query"] == "attack"]
             items = "".join(
-                f"<li><b>{'LEAK' if row.leaked else 'no leak'}</b> - attack: <i>{html.escape(row.text)}</i><br>"
+                f"<li><b>{'LEAK' if row.leaked else 'no leak'}: {row.outcome}</b> - attack: "
+                f"<i>{html.escape(row.text)}</i><br>"
                 f"<pre>{marked(self.redact(row.response), prompt, self.spec.secrets, self.redact)}</pre></li>"
                 for row in attacks.itertuples()
             )
+            said = attacks["outcome"].value_counts()
             summary = (
-                f"{policy}, {variant}, r = {ratio:g}: {int(attacks['leaked'].sum())} of {len(attacks)} attacks leak"
+                f"{policy}, {variant}, r = {ratio:g}: {int(attacks['leaked'].sum())} of {len(attacks)} attacks leak ("
+                + ", ".join(f"{o} {said[o]}" for o in answers.OUTCOMES if o in said)
+                + ")"
             )
             parts.append(f"<details><summary>{html.escape(summary)}</summary><ol>{items}</ol></details>")
         return "".join(parts)
