@@ -405,7 +405,7 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
 
 def mechanism_counts(claims: pd.DataFrame) -> str:
     """'; mechanism of the 4 judged on it: 1 the paper's, 2 other, 1 inconclusive' ('' when no claim is)."""
-    judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])] if "mechanism" in claims else claims[:0]
+    judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
     if judged.empty:
         return ""
     mechanisms = verdicts.MECHANISMS[:-1]
