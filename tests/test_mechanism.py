@@ -135,3 +135,34 @@ def test_on_the_committed_rows_the_mitigations_work_otherwise(committed):
     table = mechanism.table(normal, "fair")
     assert len(table) == 25 and set(table["ratio"]) == set(mechanism.PLOTTED)
     assert (table.loc[table["ratio"] == 0.3, "benign refused"] == mechanism.NOT_RUN_HERE).all()
+
+
+def test_where_each_mitigation_helps_and_hurts_reads_its_table(tmp_path):
+    """One line per mitigation from its notebook's mechanism table: the settings that work the paper's way, each
+    other reason with its settings (runs of ratios joined, the flipped order apart), the undecided counted by reason;
+    a mitigation whose table is missing is said to be not measured, with the notebook that measures it."""
+    from fairkv.report import mitigations
+
+    assert mitigations.where(tmp_path) == [
+        "**The whitelist**: not measured here (`05_mechanism` is missing: run notebook 05).",
+        "**Fair eviction**: not measured here (`06_mechanism` is missing: run notebook 06).",
+    ]
+    (tmp_path / "tables").mkdir()
+    settings = [
+        ("normal", "snapkv", 0.4, PAPERS, ""),
+        ("normal", "streamingllm", 0.4, OTHER, mechanism.OVER_REFUSAL),
+        ("normal", "streamingllm", 0.5, OTHER, mechanism.OVER_REFUSAL),
+        ("normal", "streamingllm", 0.7, OTHER, mechanism.OVER_REFUSAL),
+        ("flipped", "h2o", 0.5, OTHER, mechanism.LOWERED),
+        ("normal", "tova", 0.6, INCONCLUSIVE, "refusal undecided"),
+    ]
+    table = pd.DataFrame(settings, columns=["order", "policy", "ratio", "mechanism", "because"])
+    table.assign(variant="fair").to_csv(tmp_path / "tables" / "06_mechanism.csv", index=False)
+    whitelist, fair = mitigations.where(tmp_path)
+    assert whitelist.startswith("**The whitelist**: not measured here")
+    assert fair == (
+        "**Fair eviction** (the attack's refusal, the benign queries' refusal and the keep rates at 6 settings, "
+        "`06_mechanism`) works the paper's way at 1: SnapKV r = 0.4; "
+        f"{mechanism.OVER_REFUSAL} at 3: StreamingLLM r = 0.4-0.5, 0.7; "
+        f"{mechanism.LOWERED} at 1: flipped order: H2O r = 0.5; inconclusive at 1 (1 refusal undecided)."
+    )

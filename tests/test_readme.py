@@ -70,6 +70,7 @@ def _claims(**verdict_of) -> pd.DataFrame:
                 "noise": "",
                 "status": claim_lines.FINDING,
                 "part": "",
+                "mechanism": verdicts.NOT_APPLICABLE,
             }
         )
     return pd.DataFrame(rows)
@@ -104,15 +105,22 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
     claims = pd.concat(
         [claims, _claims(e=(verdicts.HOLDS, verdicts.NOT_APPLICABLE, "", "Fig 7")).assign(status=claim_lines.SANITY)]
     )
+    # a, a claim on a mitigation, holds for another reason: its why ends with what moved the number
+    claims.loc[claims["claim"] == "a", ["mechanism", "why"]] = [
+        verdicts.OTHER,
+        "model: echoes; mechanism: other, benign queries refused more: benign refused 0.01 -> 0.36",
+    ]
     cpu = claim_lines.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
         "**What we see** on qwen (cpu profile, n = 100 prompts): 3 claims, in direction 1 holds, 1 fails, "
-        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; 1 sanity "
-        "check apart",
+        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; mechanism "
+        "of the 1 judged on it: 0 the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
         "Holds: a.",
         "Fails: c (model: other ranking).",
         "Inconclusive (the interval straddles the claim's bound): d.",
         "Differs from the paper's number: a (paper ~0.5; ours 0.10 [0.05, 0.15]).",
+        "What moved the mitigations' numbers (attack refusal, benign refusal and keep rates, base -> mitigation): "
+        "a: other, benign queries refused more.",
         "Sanity checks (true on any model by construction, not counted): e: holds.",
     ]
     ci = claim_lines.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")

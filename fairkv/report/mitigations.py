@@ -17,15 +17,10 @@ TABLES = {"whitelist": "05_mechanism", "fair": "06_mechanism"}  # the mitigation
 NAMES = {"whitelist": "The whitelist", "fair": "Fair eviction"}
 
 
-class MitigationsError(ValueError):
-    """A folder without the mechanism tables."""
-
-
-def _read(folder: Path, variant: str) -> pd.DataFrame:
+def _read(folder: Path, variant: str) -> pd.DataFrame | None:
+    """The variant's mechanism table in ``folder``; None where its notebook has not run there."""
     path = Path(folder) / "tables" / f"{TABLES[variant]}.csv"
-    if not path.exists():
-        raise MitigationsError(f"{path} is missing: run notebook {TABLES[variant][:2]}, which writes it")
-    return pd.read_csv(path, keep_default_na=False)
+    return pd.read_csv(path, keep_default_na=False) if path.exists() else None
 
 
 def _ratios(ratios) -> str:
@@ -53,10 +48,16 @@ def settings(frame: pd.DataFrame) -> str:
 
 def where(folder: Path) -> list[str]:
     """One line per mitigation: where it restores the refusal the paper's way, where something else moved its
-    numbers (by why), and how many settings are undecided, over every policy, order and ratio its table holds."""
+    numbers (by why), and how many settings are undecided, over every policy, order and ratio its table holds; a
+    mitigation whose table the folder lacks is said to be not measured there, with the notebook that measures it."""
     lines = []
     for variant, name in NAMES.items():
         table = _read(folder, variant)
+        if table is None:
+            lines.append(
+                f"**{name}**: not measured here (`{TABLES[variant]}` is missing: run notebook {TABLES[variant][:2]})."
+            )
+            continue
         papers = table[table["mechanism"] == verdicts.PAPERS]
         said = [
             f"**{name}** (the attack's refusal, the benign queries' refusal and the keep rates at {len(table)} "

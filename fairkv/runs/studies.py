@@ -210,7 +210,7 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelist",
-        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_outcomes", "05_paper_vs_us"),
+        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_outcomes", "05_mechanism", "05_paper_vs_us"),
     ),
     "fair": Study(
         "06",
@@ -227,6 +227,7 @@ STUDIES: dict[str, Study] = {
             "06_fig13_defense",
             "06_outcomes_normal",
             "06_outcomes",
+            "06_mechanism",
             "06_table1",
             "06_paper_vs_us",
         ),
