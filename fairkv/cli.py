@@ -54,7 +54,7 @@ def expected_time(profile: str, notebooks: list[Path]) -> str:
     (``studies.MINUTES``)."""
     expected = studies.expected_minutes(profile, [nb.name[:2] for nb in notebooks])
     if expected is None:
-        return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see the README)"
+        return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see docs/gpu.md)"
     kind, minutes = expected
     parts = ", ".join(f"{n}: {m:g}" for n, m in minutes.items())
     return (

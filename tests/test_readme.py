@@ -1,16 +1,17 @@
-"""The reader's page: the README's results section is the tables' (generated, compared here), the coverage of the
-paper's figures and tables is declared and read off the folder, each notebook ends with what we see, and every number
-the prose quotes is in a committed table."""
+"""The reader's page: the README's results section and the pages it links (docs/results.md, docs/beyond_the_paper.md)
+are the tables' (generated, compared here), the README is short and opens with what a newcomer needs, the coverage of
+the paper's figures and tables is declared and read off the folder, and each notebook ends with what we see. Numbers in
+hand-written prose: tests/test_quotes.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from fairkv.core.paths import synthetic_dir
 from fairkv.report import claims as claim_lines
 from fairkv.report import coverage, readme, verdicts
 from fairkv.runs import studies
@@ -19,18 +20,75 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "figures" / "cpu"
 
 
+def _links_resolve(text: str, folder: Path) -> list[str]:
+    """The link targets in ``text`` that do not resolve from ``folder`` (none: every link points at a file)."""
+    targets = re.findall(r"\]\(([^)#]+)\)", text)
+    assert targets
+    return [target for target in targets if not (folder / target).exists()]
+
+
+def _tables_whole(text: str) -> None:
+    for table in re.findall(r"(?:^\|.*\n?)+", text, flags=re.MULTILINE):  # no cell breaks its table with a stray "|"
+        assert len({line.count("|") for line in table.strip().split("\n")}) == 1, table[:200]
+        assert not re.search(r"[^|\s]\s{2,}\||\|\s{2,}[^|\s]", table), table[:200]  # written without padding
+
+
 def test_the_readme_results_section_is_the_committed_tables():
-    """What the README says between its markers is exactly what ``fairkv reproduce`` writes from figures/cpu/: a
-    number there cannot drift from its table, and every link in it points at a committed file."""
+    """What the README says between its markers, docs/results.md and docs/beyond_the_paper.md are exactly what
+    ``fairkv reproduce`` writes from figures/cpu/: a number there cannot drift from its table, every link in them
+    points at a committed file, and their tables are unpadded."""
     written = readme.written(ROOT / "README.md")
     assert written == readme.section(CPU, link_from=ROOT)
-    targets = re.findall(r"\]\(([^)#]+)\)", written)
-    assert targets and all((ROOT / target).exists() for target in targets), [
-        t for t in targets if not (ROOT / t).exists()
+    assert not _links_resolve(written, ROOT)
+    assert "Fig 4" in written and "![03_fig4_compliance]" in written and "### Known confounds" in written
+    for page, text in ((readme.DETAILS, readme.details), (readme.BEYOND, readme.beyond)):
+        committed = (ROOT / page).read_text()
+        assert committed == text(CPU, link_from=(ROOT / page).parent), page
+        assert not _links_resolve(committed, (ROOT / page).parent), page
+        _tables_whole(committed)
+    assert "| Table 4 |" in (ROOT / readme.DETAILS).read_text()
+    _tables_whole(written)
+
+
+README_MAX_BYTES = 15 * 1024  # five minutes of reading: the rest is in docs/
+FIRST_SCREEN = 3000  # characters: what a newcomer sees before scrolling, about 40 lines
+
+
+def test_the_readme_is_short_and_its_first_screen_holds_what_a_newcomer_needs():
+    """At most 15 KB; its first screen holds the citation of the ACL paper with its arXiv id, the two commands with
+    their measured times, the bottom line's three sentences and the head of the claims table; every link resolves."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= README_MAX_BYTES, len(text.encode())
+    first = text[:FIRST_SCREEN]
+    for needed in (
+        "ACL 2026",
+        "arXiv 2510.00231",
+        "make reproduce   #",
+        "make test        #",
+        "`make test` ",
+        "**What reproduces:**",
+        "**What does not:**",
+        "**Why:**",
+        "| claim | paper | ours [95%] | direction | magnitude | mechanism | why | figure |",
+    ):
+        assert needed in first, needed
+    assert not _links_resolve(text, ROOT)
+
+
+def test_the_claims_why_in_a_phrase():
+    """A why's conclusion without its numbers in brackets, and what moved a mitigation's number."""
+    why = (
+        "model: at r = 0.5 the attack answers (n = 100) refuse 0.02, echo the attack 0.49; most answers that neither "
+        "refuse nor recite echo the attack; mechanism: other, benign queries refused more: attack refused 0.01 -> 0.93"
+    )
+    assert readme.reasons(why) == [
+        "model: most answers that neither refuse nor recite echo the attack",
+        "mechanism: benign queries refused more",
     ]
-    assert "Fig 4" in written and "| Table 4 " in written and "### Known confounds" in written
-    for table in re.findall(r"(?:^\|.*\n?)+", written, flags=re.M):  # no cell breaks its table with a stray "|"
-        assert len({line.count("|") for line in table.strip().split("\n")}) == 1, table[:200]
+    assert readme.reasons("model: TOVA keeps more (normal: defense 0.35; flipped: 0.45) here") == [
+        "model: TOVA keeps more here"
+    ]
+    assert readme.reasons("") == []
 
 
 def test_write_replaces_only_the_text_between_the_markers(tmp_path):
@@ -129,22 +187,30 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
 
 
 def test_coverage_reads_each_item_off_the_folder(tmp_path):
-    """An item with its files is produced from real data; LongBench's figures without the real-data claims table are
-    a pipeline check; an item whose file is absent is missing (its notebook has not run); one without files is not
-    produced, with its reason; Table 4's file absent, it is missing."""
-    (tmp_path / "tables").mkdir()
-    for stem in ("04_fig7_keep_rates", "08_fig19_trec_1k"):
-        (tmp_path / f"{stem}.png").write_bytes(b"png")
-    table = coverage.table(tmp_path).set_index("item")
+    """An item with its files is produced from real data, on the profile's model; LongBench's figures in the synthetic
+    folder beside are a pipeline check, said so; an item whose file is absent is missing (its notebook has not run);
+    one without files is not produced, with its reason and no model; Table 4's file absent, it is missing."""
+    folder = tmp_path / "cpu"  # a folder named after its profile, as figures/cpu/ is
+    synthetic = synthetic_dir(folder)
+    assert synthetic == tmp_path / "synthetic" / "cpu"
+    for where in (folder, synthetic):
+        (where / "tables").mkdir(parents=True)
+    (folder / "04_fig7_keep_rates.png").write_bytes(b"png")
+    (synthetic / "08_fig19_trec_1k.png").write_bytes(b"png")
+    table = coverage.table(folder).set_index("item")
     assert table.loc["Fig 7", "status"] == coverage.REAL and table.loc["Fig 7", "ours"] == "04_fig7_keep_rates.png"
+    assert table.loc["Fig 7", "model"] == studies.PROFILES["cpu"].model == "qwen2.5-coder-1.5b"
     assert table.loc["Figs 19-22", "status"] == coverage.PIPELINE
+    assert table.loc["Figs 19-22", "note"] == coverage.SYNTHETIC
     assert table.loc["Fig 8", "status"] == coverage.MISSING and "run notebook 05" in table.loc["Fig 8", "note"]
     assert table.loc["Table 2", "status"] == coverage.NOT_PRODUCED and "checklist" in table.loc["Table 2", "note"]
+    assert table.loc["Table 2", "model"] == ""
     assert table.loc["Table 4", "status"] == coverage.MISSING  # notebook 08's lambda sweep has not run here
-    (tmp_path / "tables" / "08_paper_vs_us.md").write_text("| claim |")
-    assert coverage.table(tmp_path).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
+    (folder / "08_fig19_trec_1k.png").write_bytes(b"png")  # from LongBench's real data
+    assert coverage.table(folder).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
+    assert coverage.table(tmp_path).set_index("item").loc["Fig 7", "model"] == ""  # no profile's folder
     with pytest.raises(coverage.CoverageError, match="neither an item of the paper"):
-        coverage.first_file(tmp_path, "Figure 4")
+        coverage.first_file(folder, "Figure 4")
 
 
 def test_every_committed_item_is_where_coverage_says():
@@ -156,75 +222,6 @@ def test_every_committed_item_is_where_coverage_says():
     claims = pd.concat(pd.read_csv(path, keep_default_na=False) for path in (CPU / "tables").glob("*_paper_vs_us.csv"))
     unresolved = sorted({figure for figure in claims["figure"] if coverage.first_file(CPU, figure) is None})
     assert not unresolved
-
-
-# A decimal number quoted as a result. Not: version numbers (x.y.z, Python 3.11), section numbers, arXiv ids, and
-# measurements with a unit (seconds, GB, x, tok/s, %: the timings and benchmark figures of docs/timings.md and the
-# README's Benchmarks, printed by benchmarks/ into benchmarks/results/).
-UNIT = r"(?:\s*(?:-|–|vs|to)\s*[+-]?\d+(?:\.\d+)?)?\s*(?:s\b|ms\b|min\b|h\b|hours?\b|GB|GiB|MB|x\b|tok/s|%)"
-NUMBER = re.compile(rf"(?<![\w.-])[+-]?\d+\.\d+(?![\w.]*\d)(?!{UNIT})")
-NOT_RESULTS = re.compile(r"\d+\.\d+\.\d+|(?:Python|torch) \d+\.\d+|Sections? [\d.\-– and,]+|\d{4}\.\d{5}")
-
-
-def _numbers(text: str) -> set[str]:
-    return {match.group(0).lstrip("+") for match in NUMBER.finditer(NOT_RESULTS.sub(" ", text))}
-
-
-def _rounded(numbers: set[str]) -> set[str]:
-    """A table's numbers as printed and rounded to fewer decimals (tables print 4, prose 2)."""
-    out = set(numbers)
-    for number in numbers:
-        decimals = len(number.split(".")[1])
-        out |= {f"{float(number):.{d}f}" for d in range(1, decimals)}
-    return out
-
-
-def _prose() -> dict[str, str]:
-    page = (ROOT / "README.md").read_text()
-    generated = readme.written(ROOT / "README.md")
-    texts = {
-        "README.md": page.replace(generated, ""),
-        "notebooks/README.md": (ROOT / "notebooks" / "README.md").read_text(),
-    }
-    texts |= {f"docs/{path.name}": path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        cells = json.loads(path.read_text())["cells"]
-        texts[f"notebooks/{path.name}"] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return texts
-
-
-def test_every_number_the_prose_quotes_is_in_a_committed_table():
-    """README (outside its generated section), notebooks/README.md, docs/ and the notebooks' markdown: each decimal
-    quoted as a result appears in a committed table (figures/cpu/tables, SUMMARY.md) or a benchmark's printed output
-    (benchmarks/results), so prose cannot contradict the tables it summarises."""
-    tables = [
-        *sorted((CPU / "tables").glob("*.md")),
-        CPU / "SUMMARY.md",
-        *sorted((ROOT / "benchmarks" / "results").glob("*")),
-    ]
-    known = _rounded(set().union(*(_numbers(path.read_text(errors="ignore")) for path in tables)))
-    absent = {name: sorted(_numbers(text) - known) for name, text in _prose().items()}
-    assert not {name: numbers for name, numbers in absent.items() if numbers}
-
-
-def test_the_number_check_sees_a_number_no_table_holds():
-    """The check above is not vacuous: a made-up leakage in prose is caught, a version or a timing is not a result."""
-    assert _numbers(
-        "directive leakage 0.137 at r = 0.5, torch 2.13, Python 3.11, 12.2 GB, 9.7 vs 10.1 s, 10.3x, "
-        "99.3-99.6%, Section 4.3, arXiv 2510.00231, GPL-3.0"
-    ) == {"0.137", "0.5"}
-    assert "0.43" in _rounded({"0.4333"}) and "0.44" not in _rounded({"0.4333"})
-
-
-def test_the_readme_quotes_the_cpu_profiles_estimate_from_an_empty_store():
-    """The README's time for ``make reproduce`` from an empty store is the sum ``fairkv reproduce`` prints
-    (``studies.MINUTES``), so the two cannot drift apart."""
-    total = round(sum(studies.MINUTES["cpu"][1].values()))
-    quoted = re.search(
-        r"`make reproduce` from an empty results store \| about (\d+) h (\d+) min", (ROOT / "README.md").read_text()
-    )
-    assert quoted, "README.md has no row for `make reproduce` from an empty results store"
-    assert (int(quoted[1]), int(quoted[2])) == divmod(total, 60)
 
 
 def test_summary_headline_recounts_from_the_claim_declarations():

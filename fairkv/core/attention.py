@@ -13,7 +13,7 @@ head: as kvpress does for AdaKV (``masked_key_indices``), such a cache keeps eve
 NaN, a mark that travels with the cache through a running decode batch, and they receive weight zero
 (``fairkv.core.per_setting``). ``implementation`` is the one place a model's attention kernel is swapped for a block.
 
-Measured on this machine (``benchmarks/sweep_throughput.py``, ``benchmarks/results/``): see the README.
+Measured on this machine (``benchmarks/sweep_throughput.py``, ``benchmarks/results/``): see docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ DATA_DIR_SETTING = "FAIRKV_DATA_DIR"
 FROZEN_SETTING = "FAIRKV_FROZEN"
 REDECODED_SETTING = "FAIRKV_REDECODED"
 REDECODED_FOLDER = "redecoded"  # beside a store: its cells decoded again (fairkv.runs.redecode)
+SYNTHETIC_FOLDER = "synthetic"  # beside a figures folder: what fairkv's synthetic data made (a pipeline check)
 
 
 class FrozenError(RuntimeError):
@@ -88,3 +89,10 @@ def figures_dir() -> Path:
 
 def reports_dir() -> Path:
     return _from_env("FAIRKV_REPORTS_DIR", REPO_ROOT / "reports")
+
+
+def synthetic_dir(folder: Path) -> Path:
+    """Where a notebook that ran on fairkv's synthetic data writes in place of ``folder`` (``figures/<profile>/`` ->
+    ``figures/synthetic/<profile>/``): a pipeline check, kept out of the real results."""
+    folder = Path(folder)
+    return folder.parent / SYNTHETIC_FOLDER / folder.name

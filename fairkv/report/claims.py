@@ -391,7 +391,7 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
     if len(judged):
         said.append(
             "What moved the mitigations' numbers (attack refusal, benign refusal and keep rates, base -> mitigation): "
-            + "; ".join(f"{row.claim}: {row.mechanism}, {_because(row.why)}" for row in judged.itertuples())
+            + "; ".join(f"{row.claim}: {row.mechanism}, {because(row.why)}" for row in judged.itertuples())
             + "."
         )
     if len(checks):
@@ -412,7 +412,7 @@ def mechanism_counts(claims: pd.DataFrame) -> str:
     return f"; mechanism of the {len(judged)} judged on it: {counted(judged, 'mechanism', mechanisms)}"
 
 
-def _because(why: str) -> str:
+def because(why: str) -> str:
     """The mechanism's phrase from a line's ``why`` (what follows 'mechanism: <verdict>, ' up to its numbers)."""
     said = why.split("mechanism: ", 1)[-1]
     return said.split(", ", 1)[-1].split(": ", 1)[0]

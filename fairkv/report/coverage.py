@@ -2,10 +2,11 @@
 and why not where it does not.
 
 ``PAPER_ITEMS`` declares, per item of the paper, what it shows, the notebook that makes ours and our files for it;
-``table`` reads a figures folder (``figures/<profile>/``) and says per item whether it was produced from real data, as
-a pipeline check only (notebook 08 on fairkv's synthetic TREC file when LongBench's data is absent), not produced (and
-why), or is missing from the folder (its notebook has not run). The README's coverage table and the figure links of
-the claims at a glance come from here (``fairkv.report.readme``).
+``table`` reads a figures folder (``figures/<profile>/``) and says per item on which model it was produced, and whether
+from real data, as a pipeline check only (notebook 08 on fairkv's synthetic TREC file when LongBench's data is absent:
+its files in the synthetic folder beside, ``fairkv.core.paths.synthetic_dir``), not produced (and why), or is missing
+from the folder (its notebook has not run). The results page's coverage table and the claims'
+figure links come from here (``fairkv.report.readme``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from fairkv.core.paths import synthetic_dir
+from fairkv.runs import studies
 
 REAL = "produced from real data"
 PIPELINE = "pipeline check only"
@@ -32,16 +36,16 @@ SYNTHETIC = (
 
 @dataclass(frozen=True)
 class Item:
-    """One figure or table of the paper: ``files`` are our figure or table names (globs) in the figures folder,
-    ``note`` how ours differs from the paper's or, without files, why it is not produced; ``real_if`` names a table
-    whose presence says the notebook ran on real data (else its files are a pipeline check)."""
+    """One figure or table of the paper: ``files`` are our figure or table names (globs) in the figures folder (or,
+    made from synthetic data, in its synthetic folder), ``note`` how ours differs from the paper's or, without files,
+    why it is not produced; ``synthetic``: what its files are where they come from synthetic data."""
 
     item: str
     shows: str
     notebook: str = ""
     files: tuple[str, ...] = ()
     note: str = ""
-    real_if: str = ""
+    synthetic: str = ""
 
 
 PAPER_ITEMS = (
@@ -98,16 +102,14 @@ PAPER_ITEMS = (
         "accuracy against leakage per lambda on LongBench TREC (SnapKV, TOVA)",
         "08",
         ("08_fig17_trec_lambda_plane",),
-        SYNTHETIC,
-        real_if="08_paper_vs_us",
+        synthetic=SYNTHETIC,
     ),
     Item(
         "Figs 19-22",
         "LongBench TREC by length bucket (1-2k, 2-3k, 3-4k words), base vs fair",
         "08",
         ("08_fig19_trec_*",),
-        SYNTHETIC,
-        real_if="08_paper_vs_us",
+        synthetic=SYNTHETIC,
     ),
     Item(
         "Figs 23-24",
@@ -137,8 +139,7 @@ PAPER_ITEMS = (
         "Pareto frequency per lambda on LongBench TREC (SnapKV, TOVA)",
         "08",
         ("08_table4_pareto",),
-        SYNTHETIC,
-        real_if="08_paper_vs_us",
+        synthetic=SYNTHETIC,
     ),
 )
 
@@ -147,39 +148,61 @@ class CoverageError(ValueError):
     """A figure name that no item of the paper declares."""
 
 
-def found(folder: Path, stem: str) -> list[Path]:
-    """Our files for one figure or table name (a glob): the PNG of a figure, else the Markdown of a table."""
-    folder = Path(folder)
+def _files(folder: Path, stem: str) -> list[Path]:
     return sorted(folder.glob(f"{stem}.png")) or sorted((folder / "tables").glob(f"{stem}.md"))
 
 
+def found(folder: Path, stem: str) -> list[Path]:
+    """Our files for one figure or table name (a glob): the PNG of a figure, else the Markdown of a table; from real
+    data in ``folder``, else from synthetic data in its synthetic folder."""
+    folder = Path(folder)
+    return _files(folder, stem) or _files(synthetic_dir(folder), stem)
+
+
 def status(item: Item, folder: Path) -> str:
-    """``REAL``, ``PIPELINE``, ``NOT_PRODUCED`` or ``MISSING`` (a declared file absent: its notebook has not run)."""
+    """``REAL``, ``PIPELINE`` (a file from synthetic data), ``NOT_PRODUCED`` or ``MISSING`` (a declared file absent:
+    its notebook has not run)."""
     if not item.files:
         return NOT_PRODUCED
     if not all(found(folder, stem) for stem in item.files):
         return MISSING
-    if item.real_if and not found(folder, item.real_if):
+    if not all(_files(Path(folder), stem) for stem in item.files):
         return PIPELINE
     return REAL
 
 
+def model(item: Item, profile: str) -> str:
+    """The model ``item``'s files are on at ``profile`` (its notebook's studies' model, else the profile's); "" for
+    an item not produced or a folder that is no profile's."""
+    if not item.files or profile not in studies.PROFILES:
+        return ""
+    named = [
+        studies.scale(name, profile).get("model") or studies.PROFILES[profile].model
+        for name, chosen in studies.STUDIES.items()
+        if chosen.notebook == item.notebook and profile in chosen.scale
+    ]
+    return ", ".join(dict.fromkeys(named)) or studies.PROFILES[profile].model
+
+
 def table(folder: Path, link_from: Path | None = None) -> pd.DataFrame:
-    """One row per item of the paper: the item, what it shows, its status, the notebook, our files (Markdown links
-    relative to ``link_from`` when given, else names) and the note."""
+    """One row per item of the paper: the item, what it shows, its status, the model it is on (at the profile the
+    folder is named after), the notebook, our files (Markdown links relative to ``link_from`` when given, else names)
+    and the note (what synthetic data made of it, where it did)."""
     out = []
     for item in PAPER_ITEMS:
         files = [path for stem in item.files for path in found(folder, stem)]
         shown = ", ".join(link(path, link_from) for path in files)
-        why = item.note if status(item, folder) != MISSING else f"not in this folder yet: run notebook {item.notebook}"
+        said = status(item, folder)
+        why = {MISSING: f"not in this folder yet: run notebook {item.notebook}", PIPELINE: item.synthetic}
         out.append(
             {
                 "item": item.item,
                 "shows": item.shows,
-                "status": status(item, folder),
+                "status": said,
+                "model": model(item, Path(folder).name),
                 "notebook": item.notebook,
                 "ours": shown,
-                "note": why,
+                "note": why.get(said, item.note),
             }
         )
     return pd.DataFrame(out)
@@ -200,8 +223,9 @@ def first_file(folder: Path, figure: str) -> Path | None:
     return files[0] if files else None
 
 
-def link(path: Path, link_from: Path | None) -> str:
-    """A Markdown link to ``path`` relative to ``link_from`` (its name alone when None)."""
+def link(path: Path, link_from: Path | None, text: str | None = None) -> str:
+    """A Markdown link to ``path`` relative to ``link_from``, reading ``text`` (default the file's stem); its name
+    alone when ``link_from`` is None."""
     if link_from is None:
         return path.name
-    return f"[{path.stem}]({Path(os.path.relpath(path.resolve(), Path(link_from).resolve())).as_posix()})"
+    return f"[{text or path.stem}]({Path(os.path.relpath(path.resolve(), Path(link_from).resolve())).as_posix()})"

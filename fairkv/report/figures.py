@@ -365,12 +365,19 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     return grid.figure
 
 
+def _every_ratio(grid: sns.FacetGrid, ratios: pd.Series) -> None:
+    """A tick at every ratio run, each labelled (upright labels would run into each other at a step of 0.1)."""
+    ticks = sorted(ratios.unique())
+    grid.set(xticks=ticks)
+    grid.set_xticklabels([f"{r:g}" for r in ticks], fontsize=7, rotation=90)
+
+
 def variant_figure(
     rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] | None = None
 ) -> plt.Figure:
     """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
-    (columns, named above), one line per variant; ``ylim`` for every row, else 0-1 and a row whose means all stay
-    small on its own scale (``_scale``)."""
+    (columns, named above), one line per variant, a tick at every ratio run; ``ylim`` for every row, else 0-1 and a row
+    whose means all stay small on its own scale (``_scale``)."""
     long = (
         _label_policies(rows)
         .melt(
@@ -405,6 +412,7 @@ def variant_figure(
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}", size=9)
+    _every_ratio(grid, long["ratio"])
     for row, (axes, column) in enumerate(zip(grid.axes, present)):
         picked = long[long["metric"] == columns[column]]
         if ylim is None:  # sharey="row": one scale per row, set on its first panel
@@ -484,14 +492,13 @@ LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the p
 
 def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "directive accuracy") -> plt.Figure:
     """Figs 15-18: directive accuracy (named ``accuracy`` on the axis) against directive leakage, one panel per order
-    (rows) and ratio (columns), one point per lambda. Points of one policy are joined in lambda order and drawn as
-    hollow rings that shrink as lambda grows, so lambdas that land on the same point stay visible as concentric
-    rings."""
+    (rows) and ratio (columns), one point per lambda, its colour named in the legend. Points of one policy are joined
+    in lambda order, drawn from lambda 0 up: where lambdas land on one point the largest shows (at r = 0 every lambda
+    is the base policy)."""
     plane = _label_policies(plane)
     ratios, orders = sorted(plane["ratio"].unique()), [o for o in ("normal", "flipped") if o in set(plane["order"])]
     lams = sorted(plane["lam"].unique())
     colours = dict(zip(lams, sns.color_palette("viridis", len(lams))))
-    sizes = dict(zip(lams, np.linspace(260, 30, len(lams))))
     markers = dict(zip(plane["policy"].unique(), LAMBDA_MARKERS))
     fig, axes = plt.subplots(
         len(orders),
@@ -510,31 +517,29 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "direct
                     ax.scatter(
                         point.leakage,
                         point.accuracy,
-                        s=sizes[point.lam],
+                        s=45,
                         marker=markers[policy],
-                        facecolors="none",
-                        edgecolors=[colours[point.lam]],
-                        linewidths=1.6,
+                        color=[colours[point.lam]],
+                        edgecolors="white",
+                        linewidths=0.6,
                         zorder=2,
                     )
             ax.set_title(f"{order} order, r = {ratio:g}", fontsize=8)
             ax.set_xlabel("directive leakage" if row == len(orders) - 1 else "")
         axes[row][0].set_ylabel(accuracy)
     handles = [
-        plt.Line2D(
-            [],
-            [],
-            marker="o",
-            linestyle="",
-            markerfacecolor="none",
-            markeredgecolor=colours[lam],
-            markersize=np.sqrt(sizes[lam]),
-            label=f"lambda = {lam:g}",
-        )
-        for lam in lams
+        plt.Line2D([], [], marker="o", linestyle="", color=colours[lam], markersize=7, label=f"{lam:g}") for lam in lams
     ]
     handles += [plt.Line2D([], [], marker=m, linestyle="", color="0.3", label=policy) for policy, m in markers.items()]
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False)
+    fig.legend(
+        handles=handles,
+        title="lambda\n(0: the base policy,\n1: fair eviction)",
+        loc="upper left",
+        bbox_to_anchor=(1.0, 0.95),
+        fontsize=8,
+        title_fontsize=8,
+        frameon=False,
+    )
     suptitle(fig, title)
     fig.tight_layout()
     return fig
@@ -549,7 +554,8 @@ RUNTIME_PANELS = {
 
 def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     """Figs 23-24: compression and decoding cost and throughput vs r (rows of panels) per policy (columns), one line
-    per variant; medians over the timed rounds with interquartile bands."""
+    per variant; medians over the timed rounds with interquartile bands, the prompt, its prefix and the new tokens
+    timed named under the title."""
     long = _label_policies(runtime.per_100(timings)).melt(
         id_vars=["policy", "variant", "ratio"], value_vars=list(RUNTIME_PANELS), var_name="metric", value_name="value"
     )
@@ -573,7 +579,14 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
     )
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}: {row_name}", size=8)
-    suptitle(grid.figure, title)
+    _every_ratio(grid, long["ratio"])
+    timed = timings[~timings["warmup"].astype(bool)]
+    prompts = ", ".join(f"{key} ({n} prefix tokens)" for key, n in timed.groupby("prompt")["n_prefix"].first().items())
+    said = (
+        f"prompt {prompts}, {'/'.join(map(str, sorted(timed['new_tokens'].unique())))} new tokens; medians over "
+        f"{timed['round'].nunique()} timed rounds, bands the interquartile range"
+    )
+    suptitle(grid.figure, f"{title}\n{said}")
     return grid.figure
 
 
@@ -690,7 +703,8 @@ def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> 
 
 def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
     """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
-    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey."""
+    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey, named
+    in a legend."""
     presses = list(table["press"].cat.categories)  # press_patterns.bias's ranking
     fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
     for ax, order in zip(axes, ("normal", "flipped")):
@@ -712,6 +726,13 @@ def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
         ax.set_xlabel("keep rate: defense - directive")
     axes[0].set_yticks(range(len(presses)), presses)
     axes[0].invert_yaxis()
+    handles = [
+        plt.Line2D([], [], marker="o", linestyle="", color=colour, label=label)
+        for label, colour in POLICY_COLOURS.items()
+        if label in presses
+    ]
+    handles.append(plt.Line2D([], [], marker="o", linestyle="", color="#7F7F7F", label="other kvpress presses"))
+    axes[0].legend(handles=handles, title="the paper's five", loc="lower left", fontsize=8, title_fontsize=8)
     suptitle(fig, title)
     fig.tight_layout()
     return fig

@@ -1,8 +1,8 @@
 """Where each mitigation helps and where it hurts, in words, read from the mechanism tables the notebooks write
 (``tables/05_mechanism.csv``, the whitelist; ``tables/06_mechanism.csv``, fair eviction in both orders;
 ``fairkv.studies.mechanism.table``): at which policies and ratios the refusal comes back the paper's way, and at which
-something else moved the number (the refusal not restored or lowered, or benign queries refused more). The README's
-bottom line and SUMMARY.md both print these lines."""
+something else moved the number (the refusal not restored or lowered, or benign queries refused more). The results
+page (``docs/results.md``) and SUMMARY.md both print these lines."""
 
 from __future__ import annotations
 

@@ -1,16 +1,19 @@
-"""The README's results section, written from the tables, never by hand.
+"""The README's results section and the full results page, written from the tables, never by hand.
 
 ``section`` reads a figures folder (``figures/<profile>/``: the notebooks' paper-vs-us tables and the tables the
-confounds quote) and returns the section: a bottom line (what reproduces, what does not, the likely reason, and where
-each mitigation helps and where it hurts: ``fairkv.report.mitigations``), the paper's claims at a glance (claim |
-paper | ours [95%] | n | direction | magnitude | mechanism | figure), the coverage of every figure and table of the
-paper (``fairkv.report.coverage``) and the known confounds, each with its number from its table. ``write`` puts it
-between the README's markers; ``fairkv reproduce`` calls it for the profile the README shows (``PROFILE``), and a
-test compares the README with ``section`` on the committed tables, so a number in it cannot drift from its table.
+confounds quote) and returns the README's part: the bottom line in three sentences (what reproduces, what does not,
+why), the paper's claims one line each (claim | paper | ours [95%] | direction | magnitude | mechanism | why, in a
+phrase | figure), the two figures that show the pitfall best at full width, and the known confounds, each number from
+its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line in full with where each
+mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with its whole why, the
+paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the first
+between the README's markers and writes the second; ``fairkv reproduce`` calls it for the profile the README shows
+(``PROFILE``), and a test compares both with what the committed tables give, so no number in them can drift.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -22,10 +25,35 @@ from fairkv.runs import studies
 PROFILE = "cpu"  # the profile whose results the README shows
 BEGIN = "<!-- results: written by `fairkv reproduce` from figures/cpu/ (fairkv.report.readme); edit the code, not this text -->"
 END = "<!-- end of results -->"
+DETAILS = Path("docs") / "results.md"  # the full results page, beside the README
+BEYOND = Path("docs") / "beyond_the_paper.md"  # our own claims and figures (notebooks 11-12), beside the README
+# the two figures the README shows at full width: the refusal collapse and the eviction bias behind it
+KEY_FIGURES = (
+    (
+        "03_fig4_compliance",
+        "The defense collapses: the share of attacks refused (middle) against r under each policy, beside directive "
+        "leakage and the leak rate (Fig 4's setting, normal order).",
+    ),
+    (
+        "04_fig7_keep_rates",
+        "Why: the policies keep the defense and the directive at different rates (Fig 7, both orders).",
+    ),
+)
+GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
 
 
 class ReadmeError(ValueError):
     """A README without the results markers, or a folder without the tables the section reads."""
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """``frame`` as a Markdown table without padding (a pipe in a cell escaped)."""
+
+    def line(values) -> str:
+        return "| " + " | ".join(str(value).replace("|", "\\|") for value in values) + " |"
+
+    rows = [line(frame.columns), "|" + " --- |" * len(frame.columns)]
+    return "\n".join(rows + [line(values) for values in frame.itertuples(index=False)])
 
 
 def paper_claims(folder: Path) -> pd.DataFrame:
@@ -65,40 +93,103 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     ]
 
 
+BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
+
+
+def reasons(why: str) -> list[str]:
+    """A claim's ``why`` in a phrase or two: its reason's kind with its conclusion (the last clause without a number,
+    else the first clause without its brackets: 'model: most answers that neither refuse nor recite echo the attack')
+    and what moved a mitigation's number ('mechanism: benign queries refused more'); none for an empty why."""
+    reason, _, moved = why.partition("mechanism: ")
+    said = []
+    reason = reason.rstrip("; ")
+    if reason:
+        kind, _, body = reason.partition(": ")
+        while re.search(BRACKETS, body):  # innermost brackets first
+            body = re.sub(BRACKETS, "", body)
+        clauses = body.split("; ")
+        plain = [clause for clause in clauses if not re.search(r"\d", clause)]
+        said.append(f"{kind}: {plain[-1] if plain else clauses[0]}")
+    if moved:
+        said.append(f"mechanism: {claims.because(moved)}")
+    return said
+
+
+def _figure(row, folder: Path, link_from: Path) -> str:
+    """The claim's figure item, linked to its first file where the folder has it."""
+    target = coverage.first_file(folder, row.figure)
+    return row.figure if target is None else coverage.link(target, link_from, row.figure)
+
+
 def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
-    """The paper's claims, one line each: ours is the first part of the claim table's estimate (the full text, with
-    the notes on refusals and the token cap, is in SUMMARY.md)."""
-    rows = []
-    for row in claims.itertuples():
-        target = coverage.first_file(folder, row.figure)
-        shown = coverage.link(target, link_from) if target is not None else row.figure
-        rows.append(
-            {
-                "notebook": row.notebook,
-                "claim": row.claim,
-                "paper": row.paper,
-                "ours [95%]": row.ours.split("; ")[0],
-                "n": row.n,
-                "direction": row.verdict,
-                "magnitude": row.magnitude,
-                "mechanism": row.mechanism,
-                "figure": f"{row.figure}: {shown}" if target is not None else shown,
-            }
-        )
-    return pd.DataFrame(rows).to_markdown(index=False)
+    """The paper's claims, one line each: the claim's and the paper's words before their details, our estimate (the
+    first part of the claim table's), the verdicts and the why in a phrase (in full: the results page)."""
+    rows = [
+        {
+            "claim": row.claim.split(" (")[0],
+            "paper": row.paper.split(": ")[0],
+            "ours [95%]": row.ours.split("; ")[0],
+            "direction": row.verdict,
+            "magnitude": row.magnitude,
+            "mechanism": row.mechanism,
+            "why": "; ".join(reasons(row.why)),
+            "figure": _figure(row, folder, link_from),
+        }
+        for row in claims.itertuples()
+    ]
+    return markdown(pd.DataFrame(rows))
 
 
-GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the README shows
+def in_full(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
+    """The paper's claims, one line each, in full: the claim's words, n and the whole why."""
+    rows = [
+        {
+            "notebook": row.notebook,
+            "claim": row.claim,
+            "paper": row.paper,
+            "ours [95%]": row.ours.split("; ")[0],
+            "n": row.n,
+            "direction": row.verdict,
+            "magnitude": row.magnitude,
+            "mechanism": row.mechanism,
+            "why": row.why,
+            "figure": _figure(row, folder, link_from),
+        }
+        for row in claims.itertuples()
+    ]
+    return markdown(pd.DataFrame(rows))
 
 
-def gallery(folder: Path, link_from: Path) -> str:
-    """The figures of ``GALLERY`` as images, each under its item's name (an item not produced yet is left out)."""
-    shown = [(item, coverage.first_file(folder, item)) for item in GALLERY]
-    shown = [(item, path) for item, path in shown if path is not None]
-    if not shown:
-        return ""
-    head = "| " + " | ".join(item for item, _ in shown) + " |\n|" + " --- |" * len(shown) + "\n"
-    return head + "| " + " | ".join(f"!{coverage.link(path, link_from)}" for _, path in shown) + " |"
+def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
+    """The bottom line in three sentences: what reproduces (the claims that hold, by figure), what does not (fails,
+    inconclusive, untestable; magnitudes; the mitigations judged on their mechanism) and why (the phrases the most
+    claims give, with their counts)."""
+    count = {verdict: int((claims["verdict"] == verdict).sum()) for verdict in verdicts.VERDICTS}
+    sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
+    judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
+    phrases = Counter(phrase for why in claims["why"] for phrase in reasons(why)).most_common(3)
+    return [
+        f"**What reproduces:** on {model} ({n} prompts), {count[verdicts.HOLDS]} of the paper's {len(claims)} claims "
+        f"hold in direction ({', '.join(dict.fromkeys(claims.loc[claims['verdict'] == verdicts.HOLDS, 'figure']))}).",
+        f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
+        f"{count[verdicts.UNTESTABLE]} untestable here; of the {len(sized)} the paper gives a number for, "
+        f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it and "
+        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation "
+        f"judged on what moved their number, {int((judged['mechanism'] == verdicts.PAPERS).sum())} moved it the "
+        "paper's way (the attack's refusal restored at a small price in benign refusals).",
+        "**Why:** " + ("; ".join(f"{phrase} ({times} claims)" for phrase, times in phrases) or "none given") + ".",
+    ]
+
+
+def figures_at_full_width(folder: Path, link_from: Path, shown) -> list[str]:
+    """Each of ``shown`` ((file stem or paper item, caption)) as a full-width image under its caption; one not in
+    the folder is left out."""
+    out = []
+    for name, caption in shown:
+        path = coverage.first_file(folder, name)
+        if path is not None:
+            out += [caption, "", f"!{coverage.link(path, link_from)}", ""]
+    return out
 
 
 def _table(folder: Path, name: str) -> pd.DataFrame:
@@ -153,49 +244,151 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent
     found = paper_claims(folder)
     grid = studies.PROFILES[profile]
+    details = coverage.link(link_from / DETAILS, link_from)
+    return "\n".join(
+        [
+            " ".join(in_brief(found, grid.model, grid.n_prompts)),
+            "",
+            f"### The paper's claims ({len(found)})",
+            "",
+            "Direction on our 95% interval: holds, fails (or a null within its margin), inconclusive, untestable here. "
+            "Magnitude against the paper's number widened by a tolerance: matches, differs, too uncertain, n.a. "
+            "Mechanism, for a mitigation: the paper's (the attack's refusal restored), other, inconclusive. In full, "
+            f"with the settings and where each mitigation helps and hurts: {details}.",
+            "",
+            at_a_glance(found, folder, link_from),
+            "",
+            *figures_at_full_width(folder, link_from, KEY_FIGURES),
+            "### Known confounds",
+            "",
+            *confounds(folder, profile),
+        ]
+    )
+
+
+def details(folder: Path, profile: str = PROFILE, link_from: Path | None = None) -> str:
+    """The results page (``DETAILS``) for the tables in ``folder``, links relative to ``link_from`` (its folder)."""
+    folder = Path(folder)
+    link_from = Path(link_from) if link_from is not None else folder.parent.parent / DETAILS.parent
+    found = paper_claims(folder)
+    grid = studies.PROFILES[profile]
+    return "\n".join(
+        [
+            f"# Results on the `{profile}` profile",
+            "",
+            "<!-- written by `fairkv reproduce` from the tables (fairkv.report.readme); edit the code, not this text "
+            "-->",
+            "",
+            f"Settings: {grid.note}.",
+            "",
+            *bottom_line(found, grid.model),
+            *(f"- {line}" for line in mitigations.where(folder)),
+            "",
+            f"## The paper's claims in full ({len(found)}: direction "
+            f"{claims.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
+            f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)}{claims.mechanism_counts(found)})",
+            "",
+            "The rules: `fairkv.report.verdicts` (direction, magnitude) and `fairkv.studies.mechanism` (mechanism). "
+            f"Each claim with its parts: {coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the "
+            f"paper: {coverage.link(link_from / 'beyond_the_paper.md', link_from)}.",
+            "",
+            in_full(found, folder, link_from),
+            "",
+            "## The paper's figures, ours",
+            "",
+            *figures_at_full_width(folder, link_from, [(item, f"{item}:") for item in GALLERY]),
+            "## Coverage: every figure and table of the paper",
+            "",
+            markdown(coverage.table(folder, link_from)),
+            "",
+        ]
+    )
+
+
+# notebooks 11 and 12: what each measures (no number: those come from the tables), its figures and its tables
+OURS = {
+    "11": (
+        "Notebook 11: the paper's open questions",
+        "More instruction spans (2-8 IFEval spans per prompt: does fair eviction end the starvation of small spans, "
+        "and does compliance follow?), every RaccoonBench attack category (does the lost refusal and its repair hold "
+        "beyond the paper's one attack?) and defense strength (does a longer or shorter defense template move the "
+        "critical ratio?).",
+        ("11_attacks_refusal", "11_spans", "11_defense_strength"),
+        ("11_spans_starvation", "11_attacks", "11_defense_critical_ratio"),
+    ),
+    "12": (
+        "Notebook 12: the press atlas",
+        "Eviction bias (the defense's keep rate minus the directive's at r = 0.5) of every kvpress press that "
+        "compresses a prefill offline on a CPU, both orders, from one prefill per prompt; the attack side of the most "
+        "biased presses with the whitelist and fair eviction. The atlas judges a press against the paper only where "
+        "the paper states its pattern (Fig 7); every other press's pattern is described, not judged.",
+        ("12_atlas_bias", "12_atlas_attacks"),
+        ("12_atlas_patterns", "12_atlas_bias", "12_atlas_attacks", "12_presses_not_run", "12_press_failures"),
+    ),
+}
+
+
+def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) -> str:
+    """The page of our own claims beyond the paper (``BEYOND``): per notebook of ``OURS`` what it measures, its
+    claims one line each with their whole why, its figures at full width and links to its tables."""
+    folder = Path(folder)
+    link_from = Path(link_from) if link_from is not None else folder.parent.parent / BEYOND.parent
+    frames = claims.read_tables(folder)
     parts = [
-        f"On the `{profile}` profile ({grid.note}).",
+        f"# Beyond the paper: our own results (`{profile}` profile)",
         "",
-        *bottom_line(found, grid.model),
-        *(f"- {line}" for line in mitigations.where(folder)),
+        "<!-- written by `fairkv reproduce` from the tables (fairkv.report.readme); edit the code, not this text -->",
         "",
-        f"### The paper's claims at a glance ({len(found)}: direction "
-        f"{claims.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
-        f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)}{claims.mechanism_counts(found)})",
+        "What fairkv measures that the paper does not. These are our claims, counted apart from the paper's in "
+        f"{coverage.link(folder / 'SUMMARY.md', link_from)}; the paper's own are in "
+        f"{coverage.link(link_from / DETAILS.name, link_from)}. Sanity checks are true on any model by construction.",
         "",
-        "Direction: the claim holds, fails (outside, or a null within its margin) or is inconclusive on our 95% "
-        "interval, or is untestable here; magnitude: our interval inside the paper's number widened by a tolerance per "
-        "kind of quantity (matches), wholly away from it (differs), neither (too uncertain), or n.a. where the paper "
-        "gives none (`fairkv.report.verdicts`); mechanism, for a claim on a mitigation: the paper's (the attack's "
-        "refusal restored at a small price in benign refusals), other (something else moved the number), inconclusive "
-        "(`fairkv.studies.mechanism`). One line per claim; sanity checks are not counted. Every claim in "
-        f"full, with its parts and why it fails or differs: "
-        f"{coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the paper: "
-        f"{coverage.link(link_from / 'docs' / 'beyond_the_paper.md', link_from)}.",
-        "",
-        at_a_glance(found, folder, link_from),
-        "",
-        gallery(folder, link_from),
-        "",
-        "### Coverage: every figure and table of the paper",
-        "",
-        coverage.table(folder, link_from).to_markdown(index=False),
-        "",
-        "### Known confounds",
-        "",
-        *confounds(folder, profile),
     ]
+    for notebook, (title, what, shown, tables) in OURS.items():
+        if notebook not in frames:
+            parts += [f"## {title}", "", f"Not run here: run notebook {notebook}.", ""]
+            continue
+        ours = claims.heads(frames[notebook])
+        rows = [
+            {
+                "claim": row.claim,
+                "ours [95%]": row.ours.split("; ")[0],
+                "n": row.n,
+                "direction": row.verdict,
+                "kind": row.status,
+                "why": row.why,
+                "figure": _figure(row, folder, link_from),
+            }
+            for row in ours.itertuples()
+        ]
+        paths = [folder / "tables" / f"{name}.md" for name in tables]
+        linked = [coverage.link(path, link_from) for path in paths if path.exists()]
+        parts += [
+            f"## {title}",
+            "",
+            what,
+            "",
+            markdown(pd.DataFrame(rows)),
+            "",
+            *figures_at_full_width(folder, link_from, [(name, f"`{name}`:") for name in shown]),
+            f"Tables: {', '.join(linked)}.",
+            "",
+        ]
     return "\n".join(parts)
 
 
 def write(readme: Path, folder: Path, profile: str = PROFILE) -> Path:
-    """Replace the text between ``BEGIN`` and ``END`` in ``readme`` with ``section``."""
+    """Replace the text between ``BEGIN`` and ``END`` in ``readme`` with ``section``, and write the results page
+    (``details``, ``DETAILS``) and the page beyond the paper (``beyond``, ``BEYOND``) beside it."""
     readme = Path(readme)
     text = readme.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise ReadmeError(f"{readme} needs one {BEGIN!r} line and, after it, one {END!r} line")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
+    for page, text in ((DETAILS, details), (BEYOND, beyond)):
+        (readme.parent / page).parent.mkdir(parents=True, exist_ok=True)
+        (readme.parent / page).write_text(text(folder, profile, (readme.parent / page).parent))
     readme.write_text(f"{head}{BEGIN}\n{section(folder, profile, readme.parent)}\n{END}{tail}")
     return readme
 

@@ -15,7 +15,7 @@ Memory in this process (``Serial``): every serial run of a process shares one lo
 the memory a finished task freed goes back to the operating system (``release_memory``). Without them a notebook
 kernel that runs study after study (notebook 11 at the cpu profile: 4 span counts, the attacks, 3 defense templates,
 each ``experiment.run`` loading its model) stacks each task's peak on what earlier tasks and model loads freed: glibc
-keeps freed heap pages for reuse until ``malloc_trim`` returns them (the README's timings give the peaks measured).
+keeps freed heap pages for reuse until ``malloc_trim`` returns them (docs/benchmarks.md lists what measured the peaks).
 """
 
 from __future__ import annotations

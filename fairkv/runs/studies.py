@@ -11,8 +11,9 @@ in the results store and compute them once.
 
 A profile can run a study's benign (IFEval) query on a smaller part of its grid than the attack (``BENIGN_SIDE``,
 refined per study by ``scale[profile]["benign"]``): IFEval answers are long, attack answers short, so at the
-cpu profile the attack side runs on 100 prompts in both orders and the benign side on the first 50, normal order
-(Figs 2-3, whose claims read accuracy only: all 100, at 512 new tokens; notebooks 03, 05 and 06: all 100).
+cpu profile the attack side runs on 100 prompts (both orders where a study reads both) and the benign side on the
+first 50, normal order (Figs 2-3, whose claims read accuracy only: all 100, at 512 new tokens; notebooks 03, 05 and
+06: all 100).
 ``run`` computes the two parts as two grids of the same cells (``parts``); explicit overrides apply to both.
 
 Each profile keeps its rows in its own folder, ``<results>/<profile>/`` (``results_folder``).
@@ -61,7 +62,8 @@ PROFILES: dict[str, experiment.Grid] = {
         dtype="bfloat16",
         batch_size=128,
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
-        "refusals as float32): the attack side on 100 prompts in both orders (the paper's leakage set); the benign "
+        "refusals as float32): the attack side on 100 prompts (the paper's leakage set; both orders in notebooks 03-04, "
+        "the normal order in 05-06 but for Fig 14's flipped one); the benign "
         "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
         "(paper: 1280, so instructions that need longer answers can fail at every ratio; Figs 2-3, which read accuracy "
         "only: all 100 prompts at 512 new tokens; Figs 4-6, 8-9, 14 and Table 1: all 100); 128 new tokens for the "
@@ -210,7 +212,14 @@ STUDIES: dict[str, Study] = {
             "paper": dict(n_prompts=100, ratios=TEN_RATIOS[:8]),
         },
         "whitelist",
-        figures=("05_fig8_whitelist", "05_fig8_leakage", "05_fig13_defense", "05_outcomes", "05_mechanism", "05_paper_vs_us"),
+        figures=(
+            "05_fig8_whitelist",
+            "05_fig8_leakage",
+            "05_fig13_defense",
+            "05_outcomes",
+            "05_mechanism",
+            "05_paper_vs_us",
+        ),
     ),
     "fair": Study(
         "06",

@@ -23,8 +23,8 @@ SPREAD_NULL = (
 SPREAD = Claim(
     "degradation.class_spread",
     "Fig 2a",
-    "the spread (max - min over classes) of normalised class accuracy is larger for multi- than for "
-    "single-instruction prompts, at the largest ratio run (StreamingLLM)",
+    "class accuracy spreads more for multi- than for single-instruction prompts (the spread: max - min over classes "
+    "of normalised class accuracy, at the largest ratio run, StreamingLLM)",
     "classes degrade unevenly, and more so when the system prompt carries several instructions",
     above=0.0,
     region="a larger spread: multi minus single above 0",

@@ -54,8 +54,8 @@ _WITHIN = Number(0.07, "share")  # the paper's bound on the decoding time of eve
 DECODING_SAME = Claim(
     "runtime.decoding_same",
     "Figs 23-24",
-    "decoding costs the same with every variant: the largest relative difference of whitelist and fair from the base "
-    "(time per 100 new tokens) lies within the paper's bound",
+    "decoding costs the same with every variant (the largest relative difference of whitelist and fair from the base, "
+    "time per 100 new tokens, lies within the paper's bound)",
     "decoding about the same for all three, within {within}",
     {"within": _WITHIN},
     below=_WITHIN.value,

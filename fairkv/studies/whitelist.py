@@ -40,8 +40,8 @@ KEEPS_REFUSING = Claim(
 ACCURACY_UNCHANGED = Claim(
     "whitelist.accuracy_unchanged",
     "Fig 8",
-    "directive accuracy about unchanged: the change (whitelist minus base) per prompt, pooled over the five policies "
-    f"and the benign side's ratios above 0 (its mean over them), lies within +-{reading.RATE_MARGIN:g}",
+    "directive accuracy about unchanged with the whitelist (the change, whitelist minus base, per prompt, pooled over "
+    f"the five policies and the benign side's ratios above 0, its mean over them, lies within +-{reading.RATE_MARGIN:g})",
     "directive accuracy about unchanged",
     above=-reading.RATE_MARGIN,
     below=reading.RATE_MARGIN,
