@@ -16,8 +16,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fairkv.audit import verdict
-from fairkv.audit import answers
+from fairkv.audit import answers, verdict
 from fairkv.audit.spans import Spec, secret_pattern, without_replies
 from fairkv.core import metrics
 from fairkv.core.paths import RESOURCES

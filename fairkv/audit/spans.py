@@ -18,19 +18,19 @@ DEFENSE_WORDS = re.compile(
     r"do not (share|repeat))\b",
     re.I,
 )
-# a scripted reply: a quoted sentence after "reply (only) with", "respond with", "answer only with", "say", ...
-# (a single quote closes only before a non-letter: the apostrophe of "can't" does not end 'I can't help.')
-SCRIPTED = re.compile(
-    r"\b(?:reply|respond|answer|say)(?:\s+only)?(?:\s+(?:with|by saying))?\s*[:,]?\s*"
-    r"(?:\"(?P<double>[^\"]+)\"|\u201c(?P<curly>[^\u201d]+)\u201d|'(?P<single>.+?)'(?!\w)|\u2018(?P<curly_single>.+?)\u2019(?!\w))",
-    re.IGNORECASE,
-)
-# a mandated phrase: a quoted phrase the prompt tells the model to write in its answers ("end every reply with
-# '...'", "start each answer with '...'", "sign off with '...'", "always include '...'"): obeying it leaks nothing
+# a quoted phrase, its text in one of the groups ``QUOTES`` names (a single quote closes only before a non-letter: the
+# apostrophe of "can't" does not end 'I can't help.')
 _QUOTED = (
     r"(?:\"(?P<double>[^\"]+)\"|\u201c(?P<curly>[^\u201d]+)\u201d|'(?P<single>.+?)'(?!\w)|"
     r"\u2018(?P<curly_single>.+?)\u2019(?!\w))"
 )
+# a scripted reply: a quoted sentence after "reply (only) with", "respond with", "answer only with", "say", ...
+SCRIPTED = re.compile(
+    r"\b(?:reply|respond|answer|say)(?:\s+only)?(?:\s+(?:with|by saying))?\s*[:,]?\s*" + _QUOTED,
+    re.IGNORECASE,
+)
+# a mandated phrase: a quoted phrase the prompt tells the model to write in its answers ("end every reply with
+# '...'", "start each answer with '...'", "sign off with '...'", "always include '...'"): obeying it leaks nothing
 MANDATED = re.compile(
     r"\b(?:(?:end|finish|close|conclude|start|begin|open|sign(?:\s+off)?)\b[^\"'\u201c\u2018.!?]{0,60}?\bwith|"
     r"(?:always\s+)?(?:include|add|append|write|mention)\b[^\"'\u201c\u2018.!?]{0,40}?)"
