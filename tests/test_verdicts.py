@@ -310,3 +310,13 @@ def test_a_verdict_within_decoding_noise_is_marked():
     few = Measured([Part("change", Estimate(-0.05, -0.09, -0.01, 2, method="bootstrap"))], "x", 2)
     assert claims.near_noise(reading, few, noise) == ""
     assert "leak_directive 100.0% (sd 0.141)" in noise.said()
+
+
+def test_numbers_print_small_values_visibly_and_rounding_noise_as_zero():
+    """A bound near zero keeps a digit (+0.003, not +0.00); a mean of paired differences that cancel exactly, which a
+    float sum leaves at about 1e-18, prints as 0 (a table once read "change -2e-18")."""
+    assert verdicts.number(0.2234) == "0.22" and verdicts.number(0.003, "+") == "+0.003"
+    assert verdicts.number(-0.00004, "+") == "-4e-05"
+    assert verdicts.number(-2e-18, "+") == "+0.00" and verdicts.number(-2e-18) == "0.00"
+    changes = np.array([0.1, 0.2, -0.3, 0.1, -0.1, 0.2, -0.2])  # cancel exactly; their float mean does not
+    assert changes.mean() != 0 and verdicts.number(changes.mean(), "+") == "+0.00"

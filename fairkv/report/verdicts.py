@@ -40,7 +40,6 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
-
 from scipy import stats
 
 from fairkv.core.metrics import proportion_ci
@@ -113,9 +112,13 @@ class Estimate:
         return f"{shown} [{number(self.low, sign)}, {number(self.high, sign)}]"
 
 
+ROUNDING = 1e-12  # below this a value is a float sum's rounding of 0 (a mean of differences that cancel), printed as 0
+
+
 def number(value: float, sign: str = "") -> str:
     """Two decimals, or one significant digit where two decimals would print a value that is not 0 as 0 (+0.003,
-    not +0.00: a bound at zero stays visible)."""
+    not +0.00: a bound at zero stays visible); a value within ``ROUNDING`` of 0 is 0 (not -2e-18)."""
+    value = 0.0 if abs(value) < ROUNDING else value
     shown = f"{value:{sign}.2f}"
     if value != 0 and float(shown) == 0:
         return f"{value:{sign}.1g}" if abs(value) >= 1e-4 else f"{value:{sign}.0e}"
