@@ -27,6 +27,7 @@ import pandas as pd
 from fairkv.core import models
 from fairkv.report import analysis
 from fairkv.runs import experiment, studies
+from fairkv.studies import fair
 
 SCORES = (
     "refused",
@@ -47,13 +48,13 @@ def flagged(rows: dict) -> dict:
 
 def plan(prompts: int, seed: int, batch_size: int) -> list[experiment.Grid]:
     """The slice of the ``fair`` study (cpu) decoded again: both of its parts, ``prompts`` prompts from a seeded start."""
-    n = studies.grid("fair", "cpu").n_prompts
+    n = fair.STUDY.grid("cpu").n_prompts
     start = random.Random(seed).randrange(0, n - prompts + 1)
     return [
         part.with_overrides(
             start=start, n_prompts=prompts, variants=("base", "fair"), ratios=(0.0, 0.5, 0.7), batch_size=batch_size
         )
-        for part in studies.parts("fair", "cpu")
+        for part in fair.STUDY.parts("cpu")
     ]
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 from fairkv.core.metrics import proportion_ci
 from fairkv.report import outcomes
 from fairkv.runs import experiment, studies
+from fairkv.studies import leakage
 
 
 def kappa(a: pd.Series, b: pd.Series) -> float:
@@ -29,7 +30,7 @@ def interval(hits: int, n: int) -> str:
 
 def main() -> None:
     labels = outcomes.read_labels()
-    stored = experiment.store_for(studies.grid("leakage", "cpu"), studies.results_folder("cpu")).rows()
+    stored = experiment.store_for(leakage.STUDY.grid("cpu"), studies.results_folder("cpu")).rows()
     rows = pd.DataFrame([stored[c] for c in labels["cell_id"]])
     labels["outcome"] = outcomes.classify(rows).to_numpy()
     for name, _, _, _ in outcomes.SETS:

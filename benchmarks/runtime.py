@@ -16,6 +16,7 @@ import torch
 
 from fairkv.core.presses import POLICIES
 from fairkv.runs import runtime
+from fairkv.studies import runtime as runtime_study
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64, help="decoded per measurement (paper: 256)")
     args = parser.parse_args()
 
-    chosen = runtime.plan(
+    chosen = runtime_study.STUDY.plan(
         "ci",
         model=args.model,
         policies=args.policies,

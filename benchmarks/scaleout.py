@@ -27,6 +27,7 @@ from collections import Counter
 import ray
 import torch
 
+import fairkv.studies
 from fairkv.core import models
 from fairkv.runs import executors, experiment, studies
 from fairkv.runs.store import ResultsStore
@@ -78,7 +79,7 @@ def speed(args) -> None:
 def estimate(profile: str) -> None:
     cells = Counter()
     print(f"{'study':14} {'cells':>8} {'new cells':>10} {'max new tokens':>15}")
-    for name, added in studies.added_cells(profile).items():
+    for name, added in fairkv.studies.added_cells(profile).items():
         if added is None:
             print(f"{name:14} LongBench TREC: its size is not known without the data (200 prompts in LongBench)")
             continue

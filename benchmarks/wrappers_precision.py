@@ -23,14 +23,15 @@ import torch
 
 from fairkv.core import models
 from fairkv.core.presses.registry import runnable
-from fairkv.runs import atlas, experiment
+from fairkv.runs import experiment
+from fairkv.studies import atlas as atlas_study
 
 # notebook 12's wrapped presses at the cpu profile (reports/cpu/12_press_atlas.ipynb)
 PRESSES = ["CriticalKV(SnapKV)", "Block64(SnapKV)", "AdaKV(SnapKV)", "CriticalAdaKV(SnapKV)"]
 
 
 def rows_in(dtype: str, prompts: int) -> pd.DataFrame:
-    grid = atlas.attack_grid("cpu", [e.key for e in runnable(PRESSES)], n_prompts=prompts, dtype=dtype)
+    grid = atlas_study.ATTACKS.grid("cpu", policies=[e.key for e in runnable(PRESSES)], n_prompts=prompts, dtype=dtype)
     lm = models.load_model(grid.model, dtype=getattr(torch, dtype))
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()

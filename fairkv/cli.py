@@ -26,6 +26,7 @@ import yaml
 from traitlets.config import Config
 
 from fairkv import audit
+from fairkv import studies as claimed
 from fairkv.core import models, progress
 from fairkv.core.paths import (
     REDECODED_FOLDER,
@@ -38,9 +39,8 @@ from fairkv.core.paths import (
     results_dir,
 )
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
-from fairkv import studies as claimed
 from fairkv.report import figures, readme
-from fairkv.runs import fingerprint, redecode, studies, verify
+from fairkv.runs import fingerprint, redecode, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -51,8 +51,8 @@ KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 
 def expected_time(profile: str, notebooks: list[Path]) -> str:
     """What the run should take on a 2-core machine: measured (ci) or estimated (cpu) minutes per notebook
-    (``studies.MINUTES``)."""
-    expected = studies.expected_minutes(profile, [nb.name[:2] for nb in notebooks])
+    (each study module's ``MINUTES``)."""
+    expected = claimed.expected_minutes(profile, [nb.name[:2] for nb in notebooks])
     if expected is None:
         return f"profile {profile!r} is not timed on a 2-core machine (the paper profile needs a GPU: see docs/gpu.md)"
     kind, minutes = expected
@@ -274,7 +274,7 @@ def redecoded_run():
 
 
 def stores_found() -> list[Path]:
-    """Every store in the results folder and in its profile folders (``studies.results_folder``)."""
+    """Every store in the results folder and in its profile folders (``fairkv.runs.studies.results_folder``)."""
     return sorted(results_dir().glob("*.jsonl")) + sorted(results_dir().glob("*/*.jsonl"))
 
 

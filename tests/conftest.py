@@ -39,8 +39,9 @@ def qwen_judge() -> models.LoadedModel:
     """The cpu profile's judge as notebook 10 loads it (``judge.load_judge``: Qwen in bfloat16, SDPA attention; with
     eager attention its scores on the calibration set differ), loaded once for the judge's checks."""
     from fairkv.runs import judge
+    from fairkv.studies import judge as judge_study
 
-    chosen = judge.plan("cpu")
+    chosen = judge_study.STUDY.plan("cpu")
     return judge.load_judge(chosen.judge, chosen.dtype)
 
 

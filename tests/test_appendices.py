@@ -13,6 +13,8 @@ from fairkv.core.longbench import LongBenchError
 from fairkv.core.presses import MITIGATIONS
 from fairkv.report import analysis, verdicts
 from fairkv.runs import experiment, judge, runtime, studies
+from fairkv.studies import runtime as runtime_study
+from fairkv.studies import trec
 
 
 @pytest.fixture
@@ -52,7 +54,7 @@ def test_absent_data_is_stated_and_the_synthetic_file_used(tmp_path, monkeypatch
     monkeypatch.setenv("FAIRKV_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
-    names, real, note = longbench.datasets(studies.buckets("ci"))
+    names, real, note = longbench.datasets(trec.buckets("ci"))
     assert not real and names == ["synthetic_trec_1k"]
     assert note.startswith("REAL DATA ABSENT") and "longbench/trec.jsonl" in note and "not the paper" in note
     with pytest.raises(LongBenchError, match="HF_HUB_OFFLINE is set"):
@@ -84,7 +86,7 @@ def test_trec_rows_end_to_end():
     """Notebook 08's rows at the ci profile (the synthetic file, one prompt, StreamingLLM and SnapKV scored in one
     prefill, r = 0 and 0.5, base and fair), in the run's ci results store: nbval's re-execution of notebook 08 and this
     test compute them once; StreamingLLM's are checked."""
-    _, rows = studies.run("trec", "ci", progress=False, dataset="synthetic_trec_1k")
+    _, rows = trec.STUDY.run("ci", progress=False, dataset="synthetic_trec_1k")
     rows = rows[rows["policy"] == "streamingllm"]
     assert len(rows) == 4 * 2 and rows["key"].iloc[0].startswith("synthetic-1k")
     benign = rows[rows["query"] == "benign"]
@@ -133,7 +135,7 @@ def test_runtime_summary_ratios_to_base():
 def test_runtime_plans_time_enough_repeats_to_decide_at_their_profiles_precision():
     """The runtime claims bootstrap over repeats: fewer than MIN_BOOTSTRAP decide nothing (the cpu plan once timed 5)."""
     for name in ("cpu", "paper"):
-        chosen = runtime.plan(name)
+        chosen = runtime_study.STUDY.plan(name)
         assert chosen.repeats >= verdicts.MIN_BOOTSTRAP
         assert chosen.dtype == studies.profile(name).dtype
 
@@ -170,12 +172,12 @@ def test_runtime_timings_are_stored_and_read_back_for_the_same_plan_only(tmp_pat
         return pd.DataFrame({"round": [-1, 0], "warmup": [True, False], "compress_s": [0.1, 0.2 + len(calls)]})
 
     monkeypatch.setattr(runtime, "run", measured)
-    chosen = runtime.plan("ci")
+    chosen = runtime_study.STUDY.plan("ci")
     first = runtime.timings(chosen, "ci", progress=False)
     assert runtime.stored(chosen, "ci").parent == tmp_path / "ci" and len(calls) == 1
     pd.testing.assert_frame_equal(runtime.timings(chosen, "ci"), first)  # read back, not measured
     assert len(calls) == 1
-    runtime.timings(runtime.plan("ci", repeats=3), "ci")  # another plan: measured again
+    runtime.timings(runtime_study.STUDY.plan("ci", repeats=3), "ci")  # another plan: measured again
     runtime.timings(chosen, "ci", remeasure=True)
     assert len(calls) == 3
 
@@ -189,10 +191,6 @@ def test_judge_needs_single_token_digits(smollm):
     assert len(set(judge.digit_ids(smollm.tokenizer))) == 5
     with pytest.raises(judge.JudgeError, match="splits the digits"):
         judge.digit_ids(SplitDigits())
-    with pytest.raises(studies.StudyError, match="study 'judge' has no scale for profile 'huge'"):
-        judge.plan("huge")
-    assert judge.plan("cpu") == judge.Plan("qwen2.5-coder-1.5b", ("streamingllm",), 6, "bfloat16")
-    assert judge.plan("cpu", "smollm2-135m", ["h2o"]).policies == ("h2o",)
 
 
 def test_judge_calibration_set_is_labelled_by_rule(smollm, tmp_path):

@@ -2,14 +2,14 @@
 one-prefill collector equal to running each press alone, resumable rows, and the bias verdicts."""
 
 import pandas as pd
-from hand_rows import answer
 import pytest
 import torch
+from hand_rows import answer
 from kvpress import BasePress
 
+from fairkv import studies
 from fairkv.core import data, metrics, prompts, score_once
 from fairkv.core.presses import kept, registry
-from fairkv import studies
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE

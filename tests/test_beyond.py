@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv.core import data, metrics, multispan, prompts
 from fairkv import studies
-from fairkv.report import analysis, figures
+from fairkv.core import data, metrics, multispan, prompts
+from fairkv.report import analysis
 from fairkv.report.claims import OURS, SANITY
 from fairkv.report.verdicts import FAILS, HOLDS, UNTESTABLE
 from fairkv.runs import experiment
@@ -271,7 +271,7 @@ def test_span_figure_draws_the_smallest_span_with_each_counts_n():
             for s, keep in (("span1", 1.0 if r == 0 else 0.2), ("span2", 1.0 if r == 0 else 0.8))
         ]
     )
-    fig = figures.span_figure(rows, "t")
+    fig = beyond.span_figure(rows, "t")
     titles = [ax.get_title() for ax in fig.axes]
     assert "2 spans (n = 4 prompts):\nsmallest span keep rate" in titles
     assert "3 spans (n = 6 prompts):\ncompliance (mean over spans)" in titles
@@ -292,7 +292,7 @@ def test_budget_figure_axis_and_labels_agree_and_each_point_has_its_n():
             for k, kept in enumerate([4, 6, 14, 26] * (1 if n == 2 else 2))
         ]
     )
-    fig = figures.budget_figure(rows, "t")
+    fig = beyond.budget_figure(rows, "t")
     assert {ax.get_xlabel() for ax in fig.axes} == {"tokens kept in the span (nearest 10)"}
     for ax in fig.axes:  # bins 0, 10, 30: 1, 2, 1 spans with 2 spans in the prompt, 2, 4, 2 with 5
         assert max(ax.get_xticks()) == 30

@@ -122,7 +122,13 @@ def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
         'model="qwen2.5-coder-1.5b",\n        n_prompts=200,',
     )
     edit(studies, "CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)", "CPU_MITIGATION_RATIOS = (0.0, 0.5)")
-    edit(studies, '"cpu": dict(n_prompts=100, ratios=ATLAS_RATIOS)', '"cpu": dict(n_prompts=20, ratios=(0.5,))')
+    declared = package / "studies"  # each study's declaration, beside its claims: no row reaches it
+    edit(
+        declared / "atlas.py",
+        '"cpu": Plan("cpu", n_prompts=100, ratios=TEN_RATIOS[1:])',
+        '"cpu": Plan("cpu", n_prompts=20)',
+    )
+    edit(declared / "leakage.py", '"paper": Scale(n_prompts=100)', '"paper": Scale(n_prompts=50)')
     edit(studies, "batch_size=128,", "batch_size=64,")
     edit(studies, "GROWN_SIDE = dict(n_prompts=100)", "GROWN_SIDE = dict(n_prompts=50)")
     experiment = package / "runs" / "experiment.py"
@@ -133,7 +139,7 @@ def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
     edit(atlas, "    n_prompts: int = 4\n", "    n_prompts: int = 40\n")
     edit(atlas, "    ratios: tuple[float, ...] = (0.3, 0.5, 0.7)\n", "    ratios: tuple[float, ...] = (0.5,)\n")
     assert prints() == before
-    edit(package / "runs" / "studies.py", "calibration_prompts=6", "calibration_prompts=12")  # the judge's scale
+    edit(declared / "judge.py", "calibration_prompts=6", "calibration_prompts=12")  # the judge's scale
     assert prints() == before
     edit(package / "core" / "metrics.py", '["rougeL"].recall', '["rougeL"].fmeasure')
     scored = prints()

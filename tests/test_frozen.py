@@ -13,6 +13,7 @@ import pytest
 from fairkv.core import paths
 from fairkv.runs import runner, runtime
 from fairkv.runs.store import ResultsStore, StoreError
+from fairkv.studies import runtime as runtime_study
 
 
 @dataclass
@@ -71,7 +72,7 @@ def test_a_frozen_run_stops_at_a_stale_row(tmp_path):
 
 def test_frozen_timings_are_read_never_measured(tmp_path, monkeypatch):
     monkeypatch.setenv("FAIRKV_RESULTS_DIR", str(tmp_path))
-    chosen = runtime.plan("ci")
+    chosen = runtime_study.STUDY.plan("ci")
     with paths.frozen_run(), pytest.raises(paths.FrozenError, match=r"timings of .* are not stored in .*runtime_"):
         runtime.timings(chosen, "ci", progress=False)
 

@@ -12,8 +12,7 @@ from fairkv.core.paths import REPO_ROOT
 from fairkv.report import verdicts
 from fairkv.report.claims import Claim, ClaimError, Measured, Mechanism, Part, line
 from fairkv.report.verdicts import INCONCLUSIVE, OTHER, PAPERS
-from fairkv.runs import studies
-from fairkv.studies import mechanism
+from fairkv.studies import fair, mechanism
 
 N = 100
 
@@ -110,8 +109,8 @@ def committed():
     folder = REPO_ROOT / "results" / "cpu"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FAIRKV_FROZEN", "1")
-        normal = studies.run("fair", "cpu", folder=folder, progress=False)[1]
-        flipped = studies.run("fair_flipped", "cpu", folder=folder, progress=False)[1]
+        normal = fair.STUDY.run("cpu", folder=folder, progress=False)[1]
+        flipped = fair.FLIPPED.run("cpu", folder=folder, progress=False)[1]
     from fairkv.report import analysis
 
     return analysis.with_benign_flags(normal), analysis.with_benign_flags(flipped)

@@ -9,7 +9,8 @@ import pytest
 from fairkv.core import data
 from fairkv.core.paths import REPO_ROOT
 from fairkv.report import outcomes
-from fairkv.runs import experiment, studies
+from fairkv.runs import experiment
+from fairkv.studies import leakage
 
 
 def row(response: str, directive: float = 0.0, defense: float = 0.0, key: int | None = None) -> dict:
@@ -66,7 +67,7 @@ COMMITTED = REPO_ROOT / "results" / "cpu"
 
 
 def committed_attack_rows() -> dict:
-    return experiment.store_for(studies.grid("leakage", "cpu"), COMMITTED).rows()
+    return experiment.store_for(leakage.STUDY.grid("cpu"), COMMITTED).rows()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from fairkv.core import attention, data, generation, per_setting, prompts, score
 from fairkv.core.presses import kept
 from fairkv.core.presses.budget import fair_budgets
 from fairkv.core.presses.registry import PolicyError, runnable
-from fairkv.runs import atlas, experiment, fingerprint
+from fairkv.runs import experiment, fingerprint
+from fairkv.studies import atlas as atlas_study
 
 WRAPPERS = ["AdaKVPress", "CriticalKVPress", "BlockPress", "CriticalAdaKVPress"]
 
@@ -157,7 +158,7 @@ def test_a_grid_mixing_both_backends_resumes_and_computes_each_press_as_alone(sm
     variant balances the spans their base does not, rows carry the sweep's fingerprint, a rerun recomputes nothing,
     and SnapKV's rows equal those of a grid of SnapKV alone (float32: batch-independent)."""
     keys = [e.key for e in runnable(WRAPPERS[:2])]
-    grid = atlas.attack_grid("ci", [*keys, "snapkv"], n_prompts=1, ratios=(0.0, 0.5))
+    grid = atlas_study.ATTACKS.grid("ci", policies=[*keys, "snapkv"], n_prompts=1, ratios=(0.0, 0.5))
     rows = experiment.run(grid, tmp_path / "mixed", progress=False, lm=smollm)
     assert len(rows) == 3 * 3 * 2  # presses x variants x ratios, r = 0 shared
     assert set(rows["policy"]) == {*keys, "snapkv"} and rows["response"].str.len().gt(0).all()

@@ -6,9 +6,9 @@ import io
 import json
 import time
 
+import fairkv.studies
 from fairkv import cli
 from fairkv.core import progress
-from fairkv.runs import studies
 
 
 def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
@@ -81,10 +81,11 @@ def test_describe_and_duration():
 
 def test_reproduce_says_how_long_before_it_starts():
     notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    _, minutes = fairkv.studies.expected_minutes("cpu", [nb.name[:2] for nb in notebooks])
     assert cli.expected_time("cpu", notebooks).startswith(
-        f"estimated on a 2-core machine for the cpu profile: about {sum(studies.MINUTES['cpu'][1].values())} min"
+        f"estimated on a 2-core machine for the cpu profile: about {sum(minutes.values())} min"
     )
-    third = studies.MINUTES["cpu"][1]["03"]
+    third = fairkv.studies.module("03").MINUTES["cpu"]
     assert f"about {third} min from an empty results store (03: {third} min" in cli.expected_time("cpu", notebooks[3:4])
     assert "about 1 min from an empty results store (03: 0.8 min" in cli.expected_time("ci", notebooks[3:4])
     assert "the paper profile needs a GPU" in cli.expected_time("paper", notebooks)

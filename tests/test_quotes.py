@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+import fairkv.studies
+from fairkv import cli
 from fairkv.core import data, metrics, progress, prompts
 from fairkv.report import readme
-from fairkv.runs import studies
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,7 +52,8 @@ class Quote:
 
 def _estimate_from_empty_store() -> str:
     """What ``fairkv reproduce`` announces for the cpu profile from an empty store, as the README writes it."""
-    return progress.duration(60 * round(sum(studies.MINUTES["cpu"][1].values())))
+    _, minutes = fairkv.studies.expected_minutes("cpu", [nb.name[:2] for nb in cli.NOTEBOOKS.glob("[0-9][0-9]_*")])
+    return progress.duration(60 * round(sum(minutes.values())))
 
 
 def _refusal_against_the_template() -> str:

@@ -11,22 +11,22 @@ from fairkv.core.paths import REDECODED_FOLDER, REDECODED_SETTING
 from fairkv.runs import experiment, redecode
 from fairkv.runs.redecode import Cells, RedecodeError
 from fairkv.runs.store import ResultsStore, StoreError
-from fairkv.studies import leakage
+from fairkv.studies import beyond, fair, leakage
 
 
 def test_cells_name_the_settings_of_their_study():
-    (grid,) = redecode.grids(Cells("leakage", policies=("snapkv",), ratios=(0.5,), queries=("attack",)), "cpu")
+    (grid,) = redecode.grids(Cells(leakage.STUDY, policies=("snapkv",), ratios=(0.5,), queries=("attack",)), "cpu")
     assert (grid.policies, grid.ratios, grid.queries, grid.batch_size) == (("snapkv",), (0.5,), ("attack",), 64)
     assert grid.orders == ("normal", "flipped")  # not named: the study's
     # a ratio only one part of the study runs keeps that part alone (the fair study's benign side has no 0.3)
-    parts = redecode.grids(Cells("fair", ratios=(0.3,)), "cpu")
+    parts = redecode.grids(Cells(fair.STUDY, ratios=(0.3,)), "cpu")
     assert [g.queries for g in parts] == [("attack",)]
-    assert [g.dataset for g in redecode.grids(Cells("spans", datasets=("spans_2", "spans_8")), "cpu")] == [
+    assert [g.dataset for g in redecode.grids(Cells(beyond.SPANS, datasets=("spans_2", "spans_8")), "cpu")] == [
         "spans_2",
         "spans_8",
     ]
     with pytest.raises(RedecodeError, match="names no cell"):
-        redecode.grids(Cells("leakage", ratios=(0.45,)), "cpu")
+        redecode.grids(Cells(leakage.STUDY, ratios=(0.45,)), "cpu")
 
 
 def test_every_claim_within_decoding_noise_declares_its_cells():

@@ -12,7 +12,7 @@ import pytest
 
 from fairkv.core import data, metrics, prompts, score_once
 from fairkv.core.presses import POLICIES
-from fairkv.runs import studies
+from fairkv.studies import keep_rates
 
 pytestmark = pytest.mark.model
 
@@ -47,7 +47,7 @@ def keep_rows():
     """Notebook 04's rows at the ci profile, in the run's ci results store (``make test`` gives each run a fresh
     one): nbval's re-execution of notebook 04 and this fixture compute them once between them, whichever comes first
     (the other waits on the store's lock and reads them)."""
-    return studies.run("keep_rates", "ci", progress=False)[1]
+    return keep_rates.STUDY.run("ci", progress=False)[1]
 
 
 def test_notebook_04_keep_rates(keep_rows):

@@ -13,7 +13,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from fairkv import cli
 from fairkv.core import data
-from fairkv.runs import experiment, studies
+from fairkv.runs import experiment
+from fairkv.studies import leakage, trec
 
 NOTEBOOKS = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
@@ -35,7 +36,7 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
     written = cli.reproduce(["03"], {"profile": "paper", "output": str(tmp_path / "figures"), **overrides})
 
     assert written == [str(tmp_path / "reports" / "paper" / "03_pitfalls3_4_leakage.ipynb")]
-    grid = studies.grid("leakage", "paper", **overrides)
+    grid = leakage.STUDY.grid("paper", **overrides)
     assert (grid.dtype, grid.orders, grid.max_new_tokens, grid.benign_tokens) == (
         "bfloat16",
         ("normal", "flipped"),
@@ -57,9 +58,9 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
 
 def test_an_explicit_budget_caps_every_query():
     """A GPU user cutting the paper's budgets with -p max_new_tokens cuts IFEval's 1280 too; a smaller cap stays."""
-    assert studies.grid("leakage", "paper").benign_tokens == 1280
-    assert studies.grid("leakage", "paper", max_new_tokens=4).benign_tokens == 4
-    assert studies.grid("trec", "cpu", max_new_tokens=256).benign_tokens == 64  # LongBench answers TREC in 64
+    assert leakage.STUDY.grid("paper").benign_tokens == 1280
+    assert leakage.STUDY.grid("paper", max_new_tokens=4).benign_tokens == 4
+    assert trec.STUDY.grid("cpu", max_new_tokens=256).benign_tokens == 64  # LongBench answers TREC in 64
 
 
 def test_notebooks_declare_the_kernel_this_environment_registers():

@@ -125,7 +125,7 @@ def load_trec(dataset: str, limit: int | None = None) -> list[TrecRecord]:
 
 
 def datasets(buckets=None) -> tuple[list[str], bool, str]:
-    """The dataset names notebook 08 runs for ``buckets`` (a profile's: ``studies.buckets``): the real TREC buckets
+    """The dataset names notebook 08 runs for ``buckets`` (a profile's: ``fairkv.studies.trec.buckets``): the real TREC buckets
     when LongBench can be read here (None: every bucket), else the synthetic ones (None: the 1-2k-word bucket);
     whether they are real; and a sentence saying which (the notebook prints it)."""
     unknown = set(buckets or ()) - set(BUCKETS)

@@ -172,16 +172,11 @@ def status(item: Item, folder: Path) -> str:
 
 
 def model(item: Item, profile: str) -> str:
-    """The model ``item``'s files are on at ``profile`` (its notebook's studies' model, else the profile's); "" for
-    an item not produced or a folder that is no profile's."""
+    """The model ``item``'s files are on at ``profile``: the profile's (every study runs on its profile's model: a test
+    checks the declarations); "" for an item not produced or a folder that is no profile's."""
     if not item.files or profile not in studies.PROFILES:
         return ""
-    named = [
-        studies.scale(name, profile).get("model") or studies.PROFILES[profile].model
-        for name, chosen in studies.STUDIES.items()
-        if chosen.notebook == item.notebook and profile in chosen.scale
-    ]
-    return ", ".join(dict.fromkeys(named)) or studies.PROFILES[profile].model
+    return studies.PROFILES[profile].model
 
 
 def table(folder: Path, link_from: Path | None = None) -> pd.DataFrame:

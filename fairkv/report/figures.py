@@ -1,4 +1,6 @@
-"""Figures: plot functions take results and return a matplotlib Figure; ``save`` writes PNG and PDF.
+"""Figures several notebooks share: plot functions take results and return a matplotlib Figure; ``save`` writes PNG and
+PDF. A plot one study owns lives in its module (``fairkv.studies.<name>``), the outcome figure in
+``fairkv.report.outcomes``.
 
 Plot functions read and write no files; every figure names the model and the sample size in its title.
 """
@@ -10,17 +12,15 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-from matplotlib.container import BarContainer
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.container import BarContainer
 
 from fairkv.core.metrics import LEAK_THRESHOLD
 from fairkv.core.one_prompt import Evaluation
 from fairkv.core.paths import figures_dir
 from fairkv.core.presses import get_policy
-from fairkv.report import outcomes
-from fairkv.runs import runtime
 
 # One colour per policy and one per variant in every figure (colour-blind safe, Okabe-Ito); a figure coloured by
 # variant never uses a policy's meaning of a colour and the reverse.
@@ -41,7 +41,7 @@ def suptitle(fig: plt.Figure, title: str) -> None:
     fig.suptitle(textwrap.fill(title, width), fontsize=10, y=1.0, va="bottom")
 
 
-def _in_order(values: pd.Series, hue: str) -> list:
+def in_order(values: pd.Series, hue: str) -> list:
     """The distinct ``values`` in one order across figures: policies and variants as their colours list them (the
     paper's order), anything else as it first appears."""
     seen = list(dict.fromkeys(values))
@@ -190,10 +190,10 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
     own n (the prompts with that metric: the benign side can be smaller than the attack side) and, when it draws fewer
     ``hue`` values than the figure, which; small values get their own scale (``_scale``).
     """
-    rows = _label_policies(rows) if hue == "policy" else rows
+    rows = label_policies(rows) if hue == "policy" else rows
     fig, axes = plt.subplots(1, len(columns), figsize=(4 * len(columns), 3.4), sharex=True)
     axes = np.atleast_1d(axes)
-    everyone = _in_order(rows[hue], hue)
+    everyone = in_order(rows[hue], hue)
     # lines that coincide (two policies keeping the same tokens) stay visible: each hue's points are dodged a little
     # along r, by at most DODGE
     dodge = dict(zip(everyone, np.linspace(-DODGE, DODGE, len(everyone)) if len(everyone) > 1 else [0.0]))
@@ -254,71 +254,13 @@ def describe(model: str, rows: pd.DataFrame, extra: str = "") -> str:
     return f"model {model}, {n}{', ' + extra if extra else ''}"
 
 
-def _label_policies(rows: pd.DataFrame) -> pd.DataFrame:
+def label_policies(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(policy=rows["policy"].map(lambda p: get_policy(p).label))
-
-
-def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
-    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised
-    by the class's accuracy at r = 0. Every class is drawn in the raw column; the legend gives each class's number of
-    instructions (single / multi), and the normalised panel names the classes that score 0 at r = 0 and so cannot be
-    normalised (they are absent from it, not lost)."""
-    counts = accuracy[accuracy["ratio"] == 0.0].pivot_table(index="class", columns="prompts", values="n", aggfunc="sum")
-    count = lambda name, kind: int(counts.at[name, kind]) if kind in counts and pd.notna(counts.at[name, kind]) else 0
-    label = {name: f"{name} (n = {count(name, 'single')} / {count(name, 'multi')})" for name in counts.index}
-    labelled = accuracy.assign(**{"class": accuracy["class"].map(label)})
-    long = labelled.melt(
-        id_vars=["prompts", "class", "ratio"],
-        value_vars=["accuracy", "normalised"],
-        var_name="scale",
-        value_name="value",
-    )
-    grid = sns.relplot(
-        data=long,
-        x="ratio",
-        y="value",
-        hue="class",
-        row="prompts",
-        col="scale",
-        kind="line",
-        marker="o",
-        height=2.8,
-        aspect=1.4,
-        facet_kws={"sharey": False},
-        row_order=["single", "multi"],
-        col_order=["accuracy", "normalised"],
-    )
-    grid.set_titles("{row_name}-instruction prompts, {col_name}")
-    colours = {
-        text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)
-    }
-    for (kind, scale), ax in grid.axes_dict.items():
-        if scale == "accuracy":  # the raw accuracy's 95% Wilson band per class (``analysis.class_accuracy``)
-            for name, line in labelled[labelled["prompts"] == kind].sort_values("ratio").groupby("class"):
-                ax.fill_between(
-                    line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1, linewidth=0
-                )
-        ax.set_xlabel("compression ratio r")
-        ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
-        if scale == "normalised":
-            lost = accuracy[(accuracy["prompts"] == kind) & (accuracy["ratio"] == 0.0) & (accuracy["accuracy"] == 0.0)]
-            if not lost.empty:
-                ax.text(
-                    0.02,
-                    0.02,
-                    "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])),
-                    fontsize=6,
-                    transform=ax.transAxes,
-                    va="bottom",
-                )
-    grid.legend.set_title("class (n instructions: single / multi)")
-    suptitle(grid.figure, title)
-    return grid.figure
 
 
 def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figure:
     """Fig 2b / Fig 3 right: Spearman rho(r) of the instruction-class ranking, one line per ``hue`` value."""
-    rhos = _label_policies(rhos) if hue == "policy" else rhos
+    rhos = label_policies(rhos) if hue == "policy" else rhos
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     sns.lineplot(data=rhos, x="ratio", y="rho", hue=hue, marker="o", ax=ax, palette=palette(hue))
     if {"low", "high"} <= set(rhos.columns):  # ``analysis.spearman_intervals``: a 95% band per line
@@ -335,158 +277,6 @@ def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figu
     return fig
 
 
-def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
-    """Figs 7 and 10: keep rate of the defense and the directive span vs r; columns policies, rows orders."""
-    long = _label_policies(rows).melt(
-        id_vars=["key", "policy", "order", "ratio"],
-        value_vars=["keep_defense", "keep_directive"],
-        var_name="span",
-        value_name="keep rate",
-    )
-    long["span"] = long["span"].str.removeprefix("keep_")
-    grid = sns.relplot(
-        data=long,
-        x="ratio",
-        y="keep rate",
-        hue="span",
-        col="policy",
-        row="order",
-        kind="line",
-        marker="o",
-        errorbar=("ci", 95),
-        n_boot=1000,
-        seed=0,
-        height=2.5,
-        aspect=1.0,
-    )
-    grid.set_axis_labels("compression ratio r", "keep rate")
-    grid.set_titles("{col_name}, {row_name} order")
-    suptitle(grid.figure, title)
-    return grid.figure
-
-
-def _every_ratio(grid: sns.FacetGrid, ratios: pd.Series) -> None:
-    """A tick at every ratio run, each labelled (upright labels would run into each other at a step of 0.1)."""
-    ticks = sorted(ratios.unique())
-    grid.set(xticks=ticks)
-    grid.set_xticklabels([f"{r:g}" for r in ticks], fontsize=7, rotation=90)
-
-
-def variant_figure(
-    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] | None = None
-) -> plt.Figure:
-    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
-    (columns, named above), one line per variant, a tick at every ratio run; ``ylim`` for every row, else 0-1 and a row
-    whose means all stay small on its own scale (``_scale``)."""
-    long = (
-        _label_policies(rows)
-        .melt(
-            id_vars=["key", "policy", "variant", "ratio"],
-            value_vars=list(columns),
-            var_name="metric",
-            value_name="value",
-        )
-        .dropna(subset=["value"])
-    )
-    present = [column for column in columns if (long["metric"] == column).any()]  # a metric no row carries: no panels
-    long["metric"] = long["metric"].map(columns)
-    grid = sns.relplot(
-        data=long,
-        x="ratio",
-        y="value",
-        hue="variant",
-        col="policy",
-        row="metric",
-        kind="line",
-        marker="o",
-        errorbar=("ci", 95),
-        n_boot=1000,
-        seed=0,
-        height=2.4,
-        aspect=1.0,
-        row_order=[columns[c] for c in present],
-        palette=palette("variant"),
-        facet_kws={"sharey": "row"},
-        hue_order=_in_order(long["variant"], "variant"),
-        col_order=_in_order(long["policy"], "policy"),
-    )
-    grid.set_axis_labels("compression ratio r", "")
-    grid.set_titles("{col_name}", size=9)
-    _every_ratio(grid, long["ratio"])
-    for row, (axes, column) in enumerate(zip(grid.axes, present)):
-        picked = long[long["metric"] == columns[column]]
-        if ylim is None:  # sharey="row": one scale per row, set on its first panel
-            note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
-        else:
-            axes[0].set_ylim(ylim)
-            note = ""
-        axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
-        for ax in axes:
-            if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
-                ax.text(
-                    0.5,
-                    0.5,
-                    "not run at\nthis profile",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="grey",
-                    transform=ax.transAxes,
-                )
-        for ax in axes if row else ():
-            ax.set_title("")  # the policy is named above the first row only
-    suptitle(grid.figure, title)
-    return grid.figure
-
-
-OUTCOME_COLOURS = {
-    "refuses": "#2a9d8f",
-    "recites": "#d62828",
-    "echoes": "#f4a261",
-    "obeys": "#457b9d",
-    "other": "#c8c8c8",
-}
-
-
-def outcome_figure(rows: pd.DataFrame, title: str, facet: str = "variant") -> plt.Figure:
-    """What the attack answers are (``outcomes.OUTCOMES``, column ``outcome``), their shares stacked per ratio: one
-    panel per policy (columns) and value of ``facet`` (rows: variant or order), each titled with its n per bar."""
-    rows = _label_policies(rows)
-    policies, facets = _in_order(rows["policy"], "policy"), _in_order(rows[facet], facet)
-    fig, axes = plt.subplots(
-        len(facets),
-        len(policies),
-        figsize=(2.3 * len(policies) + 1.6, 2.1 * len(facets) + 0.9),
-        sharey=True,
-        squeeze=False,
-    )
-    for row, value in enumerate(facets):
-        for column, policy in enumerate(policies):
-            ax, picked = axes[row][column], rows[(rows[facet] == value) & (rows["policy"] == policy)]
-            ax.set_title(f"{policy}, {value}", fontsize=8)
-            if picked.empty:
-                ax.text(0.5, 0.5, "not run", ha="center", va="center", fontsize=8, color="grey", transform=ax.transAxes)
-                continue
-            table = outcomes.shares(picked, ["ratio"]).set_index("ratio")
-            x, bottom = np.arange(len(table)), np.zeros(len(table))
-            for name in outcomes.OUTCOMES:
-                ax.bar(x, table[name], bottom=bottom, color=OUTCOME_COLOURS[name], label=name, width=0.8)
-                bottom += table[name].to_numpy()
-            ax.set_xticks(x, [f"{r:g}" for r in table.index], fontsize=7)
-            low, high = int(table["n"].min()), int(table["n"].max())
-            ax.set_title(f"{policy}, {value} (n = {low if low == high else f'{low}-{high}'})", fontsize=8)
-    for ax in axes[-1]:
-        ax.set_xlabel("compression ratio r")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("share of answers")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, title="outcome")
-    suptitle(fig, title)
-    fig.tight_layout()
-    return fig
-
-
 LAMBDA_MARKERS = ("o", "s", "^", "D", "v")  # one per policy, in the order the plane lists them
 
 
@@ -495,7 +285,7 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "direct
     (rows) and ratio (columns), one point per lambda, its colour named in the legend. Points of one policy are joined
     in lambda order, drawn from lambda 0 up: where lambdas land on one point the largest shows (at r = 0 every lambda
     is the base policy)."""
-    plane = _label_policies(plane)
+    plane = label_policies(plane)
     ratios, orders = sorted(plane["ratio"].unique()), [o for o in ("normal", "flipped") if o in set(plane["order"])]
     lams = sorted(plane["lam"].unique())
     colours = dict(zip(lams, sns.color_palette("viridis", len(lams))))
@@ -545,21 +335,38 @@ def lambda_plane_figure(plane: pd.DataFrame, title: str, accuracy: str = "direct
     return fig
 
 
-RUNTIME_PANELS = {
-    "compress_per_100": "compression s / 100 prefix tokens",
-    "decode_per_100": "decoding s / 100 new tokens",
-    "throughput": "decoding throughput (tok/s)",
-}
+def span_keep_rates(rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The defense's and the directive's keep rates (columns ``keep_defense``, ``keep_directive``) as one column
+    ``keep rate`` beside the span they belong to (``span``: defense / directive), one row per span and row of ``by``."""
+    long = rows.melt(id_vars=by, value_vars=["keep_defense", "keep_directive"], var_name="span", value_name="keep rate")
+    return long.assign(span=long["span"].str.removeprefix("keep_"))
 
 
-def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
-    """Figs 23-24: compression and decoding cost and throughput vs r (rows of panels) per policy (columns), one line
-    per variant; medians over the timed rounds with interquartile bands, the prompt, its prefix and the new tokens
-    timed named under the title."""
-    long = _label_policies(runtime.per_100(timings)).melt(
-        id_vars=["policy", "variant", "ratio"], value_vars=list(RUNTIME_PANELS), var_name="metric", value_name="value"
+def every_ratio(grid: sns.FacetGrid, ratios: pd.Series) -> None:
+    """A tick at every ratio run, each labelled (upright labels would run into each other at a step of 0.1)."""
+    ticks = sorted(ratios.unique())
+    grid.set(xticks=ticks)
+    grid.set_xticklabels([f"{r:g}" for r in ticks], fontsize=7, rotation=90)
+
+
+def variant_figure(
+    rows: pd.DataFrame, columns: dict[str, str], title: str, ylim: tuple[float, float] | None = None
+) -> plt.Figure:
+    """Figs 8, 9, 13, 14, 19, 25, 26: each metric (rows of panels, named on the y axis with its own n) vs r per policy
+    (columns, named above), one line per variant, a tick at every ratio run; ``ylim`` for every row, else 0-1 and a row
+    whose means all stay small on its own scale (``_scale``)."""
+    long = (
+        label_policies(rows)
+        .melt(
+            id_vars=["key", "policy", "variant", "ratio"],
+            value_vars=list(columns),
+            var_name="metric",
+            value_name="value",
+        )
+        .dropna(subset=["value"])
     )
-    long["metric"] = long["metric"].map(RUNTIME_PANELS)
+    present = [column for column in columns if (long["metric"] == column).any()]  # a metric no row carries: no panels
+    long["metric"] = long["metric"].map(columns)
     grid = sns.relplot(
         data=long,
         x="ratio",
@@ -569,201 +376,41 @@ def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
         row="metric",
         kind="line",
         marker="o",
-        estimator="median",
-        errorbar=("pi", 50),
-        height=2.4,
-        aspect=1.1,
-        row_order=list(RUNTIME_PANELS.values()),
-        palette=palette("variant"),
-        facet_kws={"sharey": "row"},
-    )
-    grid.set_axis_labels("compression ratio r", "")
-    grid.set_titles("{col_name}: {row_name}", size=8)
-    _every_ratio(grid, long["ratio"])
-    timed = timings[~timings["warmup"].astype(bool)]
-    prompts = ", ".join(f"{key} ({n} prefix tokens)" for key, n in timed.groupby("prompt")["n_prefix"].first().items())
-    said = (
-        f"prompt {prompts}, {'/'.join(map(str, sorted(timed['new_tokens'].unique())))} new tokens; medians over "
-        f"{timed['round'].nunique()} timed rounds, bands the interquartile range"
-    )
-    suptitle(grid.figure, f"{title}\n{said}")
-    return grid.figure
-
-
-def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
-    """N instruction spans: per prompt, the smallest span keep rate (the worst-kept of its spans, which notebook 11's
-    claim is about) and the mean per-span compliance, vs r (rows), one column per span count with its n (prompts),
-    one line per variant: means over that count's prompts with 95% bootstrap intervals."""
-    per_prompt = (
-        spans.groupby(["n_spans", "variant", "ratio", "key"])
-        .agg(smallest=("keep_rate", "min"), compliance=("compliance", "mean"))
-        .reset_index()
-    )
-    prompts = per_prompt.groupby("n_spans")["key"].nunique()
-    per_prompt["spans"] = per_prompt["n_spans"].map(lambda n: f"{n} spans (n = {prompts[n]} prompts)")
-    names = {"smallest": "smallest span keep rate", "compliance": "compliance (mean over spans)"}
-    long = per_prompt.melt(
-        id_vars=["spans", "variant", "ratio", "key"], value_vars=list(names), var_name="metric", value_name="value"
-    )
-    long["metric"] = long["metric"].map(names)
-    grid = sns.relplot(
-        data=long,
-        x="ratio",
-        y="value",
-        hue="variant",
-        col="spans",
-        row="metric",
-        kind="line",
-        marker="o",
         errorbar=("ci", 95),
         n_boot=1000,
         seed=0,
         height=2.4,
         aspect=1.0,
+        row_order=[columns[c] for c in present],
         palette=palette("variant"),
-        hue_order=_in_order(long["variant"], "variant"),
-        col_order=[f"{n} spans (n = {prompts[n]} prompts)" for n in sorted(prompts.index)],
-        row_order=list(names.values()),
+        facet_kws={"sharey": "row"},
+        hue_order=in_order(long["variant"], "variant"),
+        col_order=in_order(long["policy"], "policy"),
     )
     grid.set_axis_labels("compression ratio r", "")
-    grid.set_titles("{col_name}:\n{row_name}", size=8)
-    grid.set(ylim=(-0.05, 1.05))
-    suptitle(grid.figure, title)
-    return grid.figure
-
-
-def budget_figure(spans: pd.DataFrame, title: str, bin_tokens: int = 10) -> plt.Figure:
-    """Absolute budget against ratio: the spans' compliance against the tokens they keep (rounded to the nearest
-    ``bin_tokens``, the axis's ticks), one panel per variant, colour the span count (ratio-free: a span that keeps k
-    tokens complies about as well whatever the prompt size?). Each point is the mean over the spans in its bin at every
-    r > 0, labelled with their number (n spans, several per prompt); the span counts' points are moved apart along
-    the axis by a fifth of a bin at most so that their labels do not cover one another."""
-    compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: (t["kept_tokens"] / bin_tokens).round() * bin_tokens)
-    compressed = compressed.rename(columns={"n_spans": "spans in the prompt"})
-    points = (
-        compressed.groupby(["variant", "spans in the prompt", "kept"])["compliance"]
-        .agg(compliance="mean", n="size")
-        .reset_index()
-    )
-    counts = sorted(points["spans in the prompt"].unique())
-    dodge = dict(zip(counts, np.linspace(-bin_tokens / 5, bin_tokens / 5, len(counts)) if len(counts) > 1 else [0.0]))
-    points["at"] = points["kept"] + points["spans in the prompt"].map(dodge)
-    grid = sns.relplot(
-        data=points,
-        x="at",
-        y="compliance",
-        hue="spans in the prompt",
-        col="variant",
-        kind="line",
-        marker="o",
-        errorbar=None,
-        palette="viridis",
-        height=2.8,
-        aspect=1.8,
-        col_order=_in_order(points["variant"], "variant"),
-    )
-    for variant, ax in grid.axes_dict.items():
-        for point in points[points["variant"] == variant].itertuples():
-            ax.annotate(
-                str(point.n),
-                (point.at, point.compliance),
-                textcoords="offset points",
-                xytext=(0, 4),
-                fontsize=6,
-                ha="center",
-            )
-    grid.set(xticks=np.arange(0, points["kept"].max() + bin_tokens, bin_tokens), ylim=(-0.05, 1.1))
-    grid.set_axis_labels(f"tokens kept in the span (nearest {bin_tokens})", "compliance")
-    grid.set_titles("{col_name} (each point: its n spans)", size=8)
-    suptitle(grid.figure, title)
-    return grid.figure
-
-
-def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
-    """Many attacks: ``metric`` per attack category (rows of the heat map) and (variant, ratio) (columns), means over
-    prompts and the category's attacks."""
-    table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
-    sns.heatmap(
-        table,
-        vmin=0,
-        vmax=1,
-        cmap="rocket_r",
-        annot=True,
-        fmt=".2f",
-        annot_kws={"size": 7},
-        ax=ax,
-        cbar_kws={"label": label},
-    )
-    ax.set_xlabel("variant, compression ratio r")
-    ax.set_ylabel("")
-    ax.set_title(title, fontsize=9)
-    return fig
-
-
-def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
-    """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
-    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey, named
-    in a legend."""
-    presses = list(table["press"].cat.categories)  # press_patterns.bias's ranking
-    fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
-    for ax, order in zip(axes, ("normal", "flipped")):
-        part = table[table["order"] == order].set_index("press").reindex(presses)
-        y = range(len(presses))
-        colours = [POLICY_COLOURS.get(p, "#7F7F7F") for p in presses]
-        ax.errorbar(
-            part["bias"],
-            y,
-            xerr=[part["bias"] - part["low"], part["high"] - part["bias"]],
-            fmt="none",
-            ecolor=colours,
-            elinewidth=1.5,
-        )
-        ax.scatter(part["bias"], y, c=colours, zorder=3, s=18)
-        ax.axvline(0, color="black", linewidth=0.8)
-        first = "defense" if order == "normal" else "directive"
-        ax.set_title(f"{order} order ({first} first)")
-        ax.set_xlabel("keep rate: defense - directive")
-    axes[0].set_yticks(range(len(presses)), presses)
-    axes[0].invert_yaxis()
-    handles = [
-        plt.Line2D([], [], marker="o", linestyle="", color=colour, label=label)
-        for label, colour in POLICY_COLOURS.items()
-        if label in presses
-    ]
-    handles.append(plt.Line2D([], [], marker="o", linestyle="", color="#7F7F7F", label="other kvpress presses"))
-    axes[0].legend(handles=handles, title="the paper's five", loc="lower left", fontsize=8, title_fontsize=8)
-    suptitle(fig, title)
-    fig.tight_layout()
-    return fig
-
-
-def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) -> plt.Figure:
-    """Notebook 12: keep rate of the defense and the directive vs r, one panel per press in the order of ``presses``
-    (the bias ranking), both orders (line styles)."""
-    long = curves.melt(
-        id_vars=["press", "order", "ratio"],
-        value_vars=["keep_defense", "keep_directive"],
-        var_name="span",
-        value_name="keep rate",
-    )
-    long["span"] = long["span"].str.removeprefix("keep_")
-    grid = sns.relplot(
-        data=long,
-        x="ratio",
-        y="keep rate",
-        hue="span",
-        style="order",
-        col="press",
-        col_wrap=6,
-        col_order=presses,
-        kind="line",
-        marker="o",
-        markersize=3,
-        height=1.8,
-        aspect=1.0,
-    )
-    grid.set_axis_labels("r", "keep rate")
-    grid.set_titles("{col_name}", size=8)
+    grid.set_titles("{col_name}", size=9)
+    every_ratio(grid, long["ratio"])
+    for row, (axes, column) in enumerate(zip(grid.axes, present)):
+        picked = long[long["metric"] == columns[column]]
+        if ylim is None:  # sharey="row": one scale per row, set on its first panel
+            note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
+        else:
+            axes[0].set_ylim(ylim)
+            note = ""
+        axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
+        for ax in axes:
+            if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not run at\nthis profile",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="grey",
+                    transform=ax.transAxes,
+                )
+        for ax in axes if row else ():
+            ax.set_title("")  # the policy is named above the first row only
     suptitle(grid.figure, title)
     return grid.figure

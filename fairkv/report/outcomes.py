@@ -26,10 +26,12 @@ import json
 import re
 from functools import lru_cache
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
 from fairkv.core import data, metrics, prompts
+from fairkv.report.figures import in_order, label_policies, suptitle
 
 OUTCOMES = ("refuses", "recites", "echoes", "obeys", "other")
 RUN_WORDS = 4  # a common run of this many words is text copied from the prompt ("USE THE FOLLOWING INSTRUCTIONS")
@@ -276,3 +278,51 @@ def agreement(predicted: pd.Series, labelled: pd.Series) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out)
+
+
+OUTCOME_COLOURS = {
+    "refuses": "#2a9d8f",
+    "recites": "#d62828",
+    "echoes": "#f4a261",
+    "obeys": "#457b9d",
+    "other": "#c8c8c8",
+}
+
+
+def outcome_figure(rows: pd.DataFrame, title: str, facet: str = "variant") -> plt.Figure:
+    """What the attack answers are (``outcomes.OUTCOMES``, column ``outcome``), their shares stacked per ratio: one
+    panel per policy (columns) and value of ``facet`` (rows: variant or order), each titled with its n per bar."""
+    rows = label_policies(rows)
+    policies, facets = in_order(rows["policy"], "policy"), in_order(rows[facet], facet)
+    fig, axes = plt.subplots(
+        len(facets),
+        len(policies),
+        figsize=(2.3 * len(policies) + 1.6, 2.1 * len(facets) + 0.9),
+        sharey=True,
+        squeeze=False,
+    )
+    for row, value in enumerate(facets):
+        for column, policy in enumerate(policies):
+            ax, picked = axes[row][column], rows[(rows[facet] == value) & (rows["policy"] == policy)]
+            ax.set_title(f"{policy}, {value}", fontsize=8)
+            if picked.empty:
+                ax.text(0.5, 0.5, "not run", ha="center", va="center", fontsize=8, color="grey", transform=ax.transAxes)
+                continue
+            table = shares(picked, ["ratio"]).set_index("ratio")
+            x, bottom = np.arange(len(table)), np.zeros(len(table))
+            for name in OUTCOMES:
+                ax.bar(x, table[name], bottom=bottom, color=OUTCOME_COLOURS[name], label=name, width=0.8)
+                bottom += table[name].to_numpy()
+            ax.set_xticks(x, [f"{r:g}" for r in table.index], fontsize=7)
+            low, high = int(table["n"].min()), int(table["n"].max())
+            ax.set_title(f"{policy}, {value} (n = {low if low == high else f'{low}-{high}'})", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("compression ratio r")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of answers")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8, title="outcome")
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig

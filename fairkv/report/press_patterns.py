@@ -8,7 +8,7 @@ pitfall, Section 4.5: the defense, earlier in the normal order, is lost first), 
 whose keep rates equal another's at every ratio, order and prompt (``identical``: LagKV scores by recency on prompts
 shorter than its two lag windows, so it is StreamingLLM here) is named as that press's copy, and takes no place among
 the most biased. The rows come from ``fairkv.runs.atlas`` (keep rates) and ``fairkv.runs.experiment`` on
-``atlas.attack_grid`` (attacks).
+``fairkv.studies.atlas.ATTACKS`` (attacks).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ layer's attention, so the hook's inputs never depend on the press, and the colle
 No press is re-implemented: kvpress decides every kept set.
 
 What the rows say (each press's bias and pattern, the attack side's claims) is ``fairkv.report.press_patterns``'s.
-The attack side of the most biased presses (``attack_grid``) is a grid of the catalogue's keys, run like every grid by
-``experiment.run`` into the atlas's folder.
+The attack side of the most biased presses is a study like every grid (``fairkv.studies.atlas.ATTACKS``, the
+catalogue's keys as its policies), run into the atlas's folder (``folder_for``); the plan at each profile is the atlas
+study's (``fairkv.studies.atlas.STUDY``).
 
 Keep-rate rows live in their own store (``store_path``), computed by ``runner.run``, and carry ``versions`` with the
 atlas's own fingerprint (``fingerprint.ATLAS``, beside the sweep's): an edit of the code they run never mixes with
@@ -143,13 +144,6 @@ class Plan:
         return runnable(self.presses)
 
 
-def plan(profile: str = "ci", **overrides) -> Plan:
-    """The atlas's plan at ``profile`` scale (``studies.STUDIES["atlas"]``) with the notebook's overrides (None values
-    keep the profile's)."""
-    explicit = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
-    return Plan(profile, **{**studies.scale("atlas", profile), **explicit})
-
-
 def describe(chosen: Plan, rows: pd.DataFrame) -> str:
     """What was run, from the rows (printed under the notebook's parameters)."""
     grid = chosen.grid
@@ -168,8 +162,8 @@ def versions() -> dict[str, str]:
 
 
 def folder_for(profile: str) -> Path:
-    """The atlas's results folder: ``<results>/<profile>/atlas/`` (keep rates, and the attack rows of registered
-    presses, which carry the extended fingerprint and so never share a store with the paper's rows)."""
+    """The atlas's results folder: ``<results>/<profile>/atlas/`` (keep rates, and the attack rows of the presses
+    beyond the paper's five, apart from the paper's rows)."""
     return results_folder(profile) / "atlas"
 
 
@@ -270,30 +264,12 @@ def run(
     )
 
 
-def attack_grid(profile: str, policies: list[str], **overrides) -> experiment.Grid:
-    """The attack side of ``policies`` (keys of the press catalogue, ``Entry.key``): base, whitelist and fair, the
-    paper's attack, normal order, at the profile's scale of ``studies.STUDIES["atlas_attacks"]`` (None overrides keep
-    it)."""
-    return studies.grid("atlas_attacks", profile, policies=tuple(policies), **overrides)
-
-
-def attacks(profile: str, policies: list[str], progress: bool = True, **overrides):
-    """(grid, rows) of the attack side of ``policies`` (``attack_grid``): computed where the atlas's store lacks them;
-    under ``FAIRKV_REDECODED=1`` the cells decoded again read from there (``experiment.decoded_again``)."""
-    grid = attack_grid(profile, policies, **overrides)
-    folder = folder_for(profile)
-    return grid, experiment.decoded_again(grid, folder, experiment.run(grid, folder, progress=progress))
-
-
 __all__ = [
     "AtlasError",
     "Job",
     "Plan",
-    "attack_grid",
-    "attacks",
     "describe",
     "keep_rates",
-    "plan",
     "run",
     "skipped",
 ]

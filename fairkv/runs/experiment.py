@@ -15,7 +15,8 @@ decode batch (``generation.Decoder``; the per-setting caches one of their own, w
 prompts' pairs keep full, and rows are appended as their answers land, so a killed run loses at most the answers in
 flight and recomputes nothing finished.
 
-The profiles' grids (``ci``, ``cpu``, ``paper``) and each study's scale on top of them are ``fairkv.runs.studies``'.
+The profiles' grids (``ci``, ``cpu``, ``paper``) are ``fairkv.runs.studies``'; each study's scale on top of them is
+in its module of ``fairkv.studies``.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ and format, the runner's store loop and the executors that carry tasks and rows,
 and its own, not its definition, so pointing the code at another definition still changes the fingerprint.
 
 Which rows a study asks for is not how a row is computed: every field that selects a row (model, precision, prompt,
-order, setting, query, token budget) is in its cell id. So the declarations of scale (``SCALE``: the profiles and the
-studies' prompts, ratios, budgets and batch sizes in ``fairkv.runs.studies``) count like a neutral module, by name,
+order, setting, query, token budget) is in its cell id. So the declarations of scale (``SCALE``: the profiles, the shared
+scales and the study machinery of ``fairkv.runs.studies``) count like a neutral module, by name (each study's own scale
+is declared in its module of ``fairkv.studies``, which no row reaches),
 and the field defaults of the plans that carry a scale (``PLANS``: ``experiment.Grid``, ``atlas.Plan``) read as
 absent: a study grown to 200 prompts, or a profile given other ratios, keeps every fingerprint, and its new rows join
 the old ones in the same store.

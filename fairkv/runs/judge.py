@@ -37,7 +37,7 @@ import torch
 from fairkv.core import data, models, prompts
 from fairkv.core.paths import results_dir
 from fairkv.core.progress import Bar
-from fairkv.runs import fingerprint, runner, studies
+from fairkv.runs import fingerprint, runner
 from fairkv.runs.store import ResultsStore
 
 STORE_PREFIX = "judge__"  # a judge's store: results/judge__<judge>.jsonl
@@ -77,20 +77,13 @@ class JudgeError(ValueError):
 
 @dataclass(frozen=True)
 class Plan:
-    """What notebook 10 judges at a profile (``studies.STUDIES["judge"]``): the judge model, the policies whose attack
-    responses it rates, the directives of its calibration set and its precision."""
+    """What notebook 10 judges at a profile (``fairkv.studies.judge.STUDY``'s scale): the judge model, the policies
+    whose attack responses it rates, the directives of its calibration set and its precision."""
 
     judge: str
     policies: tuple[str, ...]
     calibration_prompts: int
     dtype: str
-
-
-def plan(profile: str, judge_model: str | None = None, policies=None) -> Plan:
-    """The profile's plan with the notebook's overrides (None: the profile's)."""
-    chosen = studies.scale("judge", profile)
-    explicit = {"judge": judge_model, "policies": tuple(policies) if policies else None}
-    return Plan(**{**chosen, **{k: v for k, v in explicit.items() if v is not None}})
 
 
 def load_judge(name: str, dtype: str = "float32") -> models.LoadedModel:

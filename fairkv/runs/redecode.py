@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from fairkv.core.paths import REDECODED_FOLDER
-from fairkv.runs import atlas, experiment, studies
+from fairkv.runs import experiment, studies
 
 BATCH_SIZE = 64
 
@@ -33,11 +33,11 @@ class RedecodeError(ValueError):
 
 @dataclass(frozen=True)
 class Cells:
-    """Cells of a study (``fairkv.runs.studies``) a claim reads: ``policies``, ``variants`` and ``orders`` replace the
-    study's (an empty tuple keeps them); ``ratios`` and ``queries`` keep those of the study's parts that the part has;
-    ``datasets`` runs the study once per dataset (the spans studies)."""
+    """Cells of a study (a ``fairkv.runs.studies.Study``) a claim reads: ``policies``, ``variants`` and ``orders``
+    replace the study's (an empty tuple keeps them); ``ratios`` and ``queries`` keep those of the study's parts that
+    the part has; ``datasets`` runs the study once per dataset (the spans studies)."""
 
-    study: str
+    study: studies.Study
     policies: tuple[str, ...] = ()
     variants: tuple[str, ...] = ()
     orders: tuple[str, ...] = ()
@@ -49,12 +49,12 @@ class Cells:
         said = [
             f"{f.name} {', '.join(map(str, getattr(self, f.name)))}" for f in fields(self)[1:] if getattr(self, f.name)
         ]
-        return f"{self.study}" + (f" ({'; '.join(said)})" if said else "")
+        return self.study.name + (f" ({'; '.join(said)})" if said else "")
 
 
 def folder(cells: Cells, profile: str) -> Path:
-    """The store folder the study's rows live in (the atlas's attacks have their own)."""
-    return atlas.folder_for(profile) if cells.study == "atlas_attacks" else studies.results_folder(profile)
+    """The store folder the study's rows live in (``Study.results``: the atlas's attacks have their own)."""
+    return cells.study.results(profile)
 
 
 def grids(cells: Cells, profile: str) -> list[experiment.Grid]:
@@ -62,7 +62,7 @@ def grids(cells: Cells, profile: str) -> list[experiment.Grid]:
     replaced = {name: getattr(cells, name) for name in ("policies", "variants", "orders") if getattr(cells, name)}
     out = []
     for dataset in cells.datasets or (None,):
-        for part in studies.parts(cells.study, profile, **({"dataset": dataset} if dataset else {})):
+        for part in cells.study.parts(profile, **({"dataset": dataset} if dataset else {})):
             kept = {
                 name: tuple(v for v in getattr(part, name) if v in getattr(cells, name))
                 for name in ("ratios", "queries")

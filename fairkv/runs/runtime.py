@@ -29,12 +29,11 @@ from fairkv.core import data, generation, models, paths, prompts
 from fairkv.core.presses import MITIGATIONS
 from fairkv.core.progress import Bar
 from fairkv.core.prompts import Prompt
-from fairkv.runs import studies
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What notebook 09 measures at a profile's scale."""
+    """What notebook 09 measures at a profile's scale (``fairkv.studies.runtime.STUDY``'s)."""
 
     model: str
     policies: tuple[str, ...] = ("h2o",)
@@ -44,12 +43,6 @@ class Plan:
     new_tokens: int = 16
     dtype: str = "float32"  # the model's precision (the sweeps' profile precision, so the times are theirs)
     note: str = ""
-
-
-def plan(profile: str, **overrides) -> Plan:
-    """The profile's plan (``studies.STUDIES["runtime"]``) with the notebook's overrides (None values are ignored)."""
-    chosen = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items() if v is not None}
-    return Plan(**{**studies.scale("runtime", profile), **chosen})
 
 
 def stored(chosen: Plan, profile: str) -> Path:

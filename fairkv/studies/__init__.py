@@ -1,11 +1,17 @@
-"""One module per study (notebook): the claims it tests, declared once as data (``fairkv.report.claims.Claim``), and
-how it measures them from its rows (``measure``). ``paper_vs_us`` turns a study's measurements into its table, one line
-per claim; ``family`` counts the claims every study declares (the Bonferroni family); ``thresholds`` states each
-claim's own bounds and margins with their reasons (SUMMARY's preamble)."""
+"""One module per notebook: its studies (``STUDIES``: each a ``fairkv.runs.studies.Study``, its axes and its scale
+at each profile), its minutes (``MINUTES``), the claims it tests, declared once as data (``fairkv.report.claims.Claim``),
+and how it measures them from its rows (``measure``). ``MODULES`` is the index (notebook -> module): adding a study
+touches its module, its notebook and, for a new notebook, one line of it.
+
+``paper_vs_us`` turns a study's measurements into its table, one line per claim; ``family`` counts the claims every
+study declares (the Bonferroni family); ``thresholds`` states each claim's own bounds and margins with their reasons
+(SUMMARY's preamble); ``every`` / ``study`` / ``sweeps`` the studies by name, ``expected_minutes`` what ``fairkv
+reproduce`` announces."""
 
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +20,7 @@ from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
 from fairkv.report import claims, mitigations
 from fairkv.report.noise import Noise
 from fairkv.runs import redecode
+from fairkv.runs import studies as machinery
 from fairkv.runs.fingerprint import code_fingerprint
 
 AGAIN = "decoded_again"  # a redecoded table's column: how many of a claim's cells were read decoded again
@@ -34,6 +41,18 @@ MODULES = {  # notebook -> its study module
     "12": "atlas",
 }
 
+# Wall minutes of each notebook (its module's ``MINUTES``) on this repository's 2-core machine from an empty results
+# store. ci: measured per notebook (executed one after another with the running decode batch). cpu: 00-07 estimated by
+# benchmarks/cpu_estimate.py (benchmarks/results/cpu_estimate.txt): the rows each notebook adds (``added_cells``:
+# cells an earlier notebook computed are not counted again) times the costs per row measured with the running batch
+# of ``generation.Decoder`` (issue 37) on 12-03, a day this machine's matmul limit was 126.7 tok/s (267.8 on 11-30):
+# an IFEval answer of up to 512 new tokens 3.76 s (Fig 3's 1600), of up to 256 tokens 2.37 s (notebook 03's 500), an
+# attack answer 0.444 s (420 on 10 prompts); a keep-rate row 0.033 s (no decoding); 08 and 10 from their earlier
+# measurements scaled to their prompts; 09, 11 and 12 (the atlas's keep rates from an empty store, then the attack side
+# of its presses) measured before the running batch. Rows already in the store cost nothing.
+MINUTES_KIND = {"ci": "measured", "cpu": "estimated"}
+QUICKSTART_MINUTES = {"ci": 0.8, "cpu": 1}  # notebook 00, which runs no study
+
 
 def module(notebook: str):
     if notebook not in MODULES:
@@ -41,14 +60,51 @@ def module(notebook: str):
     return importlib.import_module(f"fairkv.studies.{MODULES[notebook]}")
 
 
+def every() -> dict[str, machinery.Study]:
+    """Every study by name, in notebook order; names are unique."""
+    found = [chosen for notebook in MODULES for chosen in module(notebook).STUDIES]
+    names = [chosen.name for chosen in found]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise machinery.StudyError(f"studies declared twice: {', '.join(repeated)}")
+    return {chosen.name: chosen for chosen in found}
+
+
+def study(name: str) -> machinery.Study:
+    """The study named ``name`` (an error naming the studies there are)."""
+    found = every()
+    if name not in found:
+        raise machinery.StudyError(f"unknown study {name!r}: use one of {', '.join(found)}")
+    return found[name]
+
+
+def sweeps() -> list[machinery.Study]:
+    """The paper's sweep: the studies that are grids of it, in notebook order."""
+    return [chosen for chosen in every().values() if chosen.sweep]
+
+
+def added_cells(profile: str) -> dict[str, tuple[int, Counter] | None]:
+    """``fairkv.runs.studies.added_cells`` over the paper's sweep (the sizes behind each notebook's minutes)."""
+    return machinery.added_cells(profile, sweeps())
+
+
+def expected_minutes(profile: str, notebooks: list[str]) -> tuple[str, dict[str, float]] | None:
+    """("measured" / "estimated", minutes per notebook number) of ``notebooks`` at ``profile`` (each module's
+    ``MINUTES``), None for a profile not timed here."""
+    if profile not in MINUTES_KIND:
+        return None
+    minutes = {"00": QUICKSTART_MINUTES[profile]} | {n: module(n).MINUTES[profile] for n in MODULES}
+    return MINUTES_KIND[profile], {n: minutes[n] for n in notebooks if n in minutes}
+
+
 def declared() -> list[claims.Claim]:
     """Every claim every study declares, in notebook order; ids are unique."""
-    every = [claim for notebook in MODULES for claim in module(notebook).CLAIMS]
-    ids = [claim.id for claim in every]
+    found = [claim for notebook in MODULES for claim in module(notebook).CLAIMS]
+    ids = [claim.id for claim in found]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise claims.ClaimError(f"claim ids declared twice: {', '.join(repeated)}")
-    return every
+    return found
 
 
 def family() -> int:

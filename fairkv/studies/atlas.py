@@ -14,16 +14,53 @@ A press that never loses the refusal has nothing for the whitelist to restore: u
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
+import seaborn as sns
 
 from fairkv.core.presses import get_policy
 from fairkv.core.presses.registry import CATALOG
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Mechanism, Part
+from fairkv.report.figures import POLICY_COLOURS, span_keep_rates, suptitle
 from fairkv.report.press_patterns import BALANCED_WITHIN, BIAS_RATIO
-from fairkv.runs.atlas import SPANS
+from fairkv.runs.atlas import SPANS, Plan
 from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import mechanism, reading
+
+# the atlas's keep rates (``fairkv.runs.atlas.Plan``): no decoding, so the cpu profile runs the paper's 100 prompts
+STUDY = Study(
+    "atlas",
+    "12",
+    "beyond the paper: the press atlas's keep rates",
+    None,
+    {"ci": Plan("ci", n_prompts=2, ratios=(0.3, 0.5)), "cpu": Plan("cpu", n_prompts=100, ratios=TEN_RATIOS[1:])},
+    figures=(
+        "12_atlas_bias",
+        "12_atlas_keep_rates",
+        "12_atlas_patterns",
+        "12_press_failures",
+        "12_presses_not_run",
+        "12_paper_vs_us",
+    ),
+    sweep=False,
+)
+# the attack side of the most biased presses, with whitelist and fair eviction; its rows in the atlas's folder
+# (``atlas.folder_for``), apart from the paper's
+ATTACKS = Study(
+    "atlas_attacks",
+    "12",
+    "beyond the paper: the most biased presses under the attack",
+    Fields(variants=("base", "whitelist", "fair"), queries=("attack",), orders=("normal",)),
+    {"ci": Scale(n_prompts=2, ratios=(0.0, 0.5)), "cpu": Scale(n_prompts=100, ratios=(0.0, 0.3, 0.5, 0.7))},
+    figures=("12_atlas_attacks",),
+    sweep=False,
+    folder="atlas",
+)
+STUDIES = (STUDY, ATTACKS)
+MINUTES = {"ci": 0.6, "cpu": 83}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 BIAS = "bias: the defense's keep rate minus the directive's (the defense comes first in the normal order, last in the "
 BIAS += "flipped one)"
@@ -38,6 +75,7 @@ STREAMING_LATER = Claim(
     status=SANITY,
     parts="both orders must hold",
 )
+
 KNORM_EARLIER = Claim(
     "atlas.knorm_earlier",
     "12_atlas_bias",
@@ -51,6 +89,7 @@ KNORM_EARLIER = Claim(
     status=OURS,
     parts="both orders must hold",
 )
+
 TOVA_BALANCED = Claim(
     "atlas.tova_balanced",
     "12_atlas_bias",
@@ -88,9 +127,7 @@ REFUSAL_LOST = Claim(
     status=OURS,
     parts="one per attacked press: all must hold",
     score="refused",
-    cells=(
-        Cells("atlas_attacks", policies=("keydiff", "noncausalattn", "cur"), variants=("base",), ratios=(0.0, 0.5)),
-    ),
+    cells=(Cells(ATTACKS, policies=("keydiff", "noncausalattn", "cur"), variants=("base",), ratios=(0.0, 0.5)),),
 )
 WHITELIST_RESTORES = Claim(
     "atlas.whitelist_restores",
@@ -105,7 +142,7 @@ WHITELIST_RESTORES = Claim(
     status=OURS,
     parts="one per press that loses the refusal: all must hold; a press that does not has nothing to restore",
     score="refused",
-    cells=(Cells("atlas_attacks", policies=("keydiff",), variants=("base", "whitelist"), ratios=(0.5,)),),
+    cells=(Cells(ATTACKS, policies=("keydiff",), variants=("base", "whitelist"), ratios=(0.5,)),),
     mitigation="whitelist",
 )
 CLAIMS = (STREAMING_LATER, KNORM_EARLIER, TOVA_BALANCED, LAGKV_IS_STREAMING, REFUSAL_LOST, WHITELIST_RESTORES)
@@ -166,7 +203,7 @@ def measure(
     rows: pd.DataFrame | None = None,
 ) -> dict[str, Measured]:
     """The claims of notebook 12 from the bias ``table`` (``press_patterns.bias``), the attack rows of the most
-    biased presses (``experiment.run`` on ``atlas.attack_grid``) and the keep-rate ``rows`` (``atlas.run``: the
+    biased presses (``ATTACKS.run``) and the keep-rate ``rows`` (``atlas.run``: the
     presses identical to another, and the biases' intervals at any level; without them the table's intervals)."""
     same = press_patterns.identical(rows) if rows is not None else {}
     biases = _biases(table, rows, ratio)
@@ -251,3 +288,65 @@ def measure(
         mechanism=mechanism.combined(moved) if moved else Mechanism(verdicts.NOT_APPLICABLE, ""),
     )
     return out
+
+
+def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
+    """Notebook 12: every press's bias (defense minus directive keep rate at r = 0.5, 95% bootstrap interval) in
+    both orders, presses ranked by their normal-order bias; the paper's five in their colours, the others grey, named
+    in a legend."""
+    presses = list(table["press"].cat.categories)  # press_patterns.bias's ranking
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.3 * len(presses) + 1.5), sharey=True)
+    for ax, order in zip(axes, ("normal", "flipped")):
+        part = table[table["order"] == order].set_index("press").reindex(presses)
+        y = range(len(presses))
+        colours = [POLICY_COLOURS.get(p, "#7F7F7F") for p in presses]
+        ax.errorbar(
+            part["bias"],
+            y,
+            xerr=[part["bias"] - part["low"], part["high"] - part["bias"]],
+            fmt="none",
+            ecolor=colours,
+            elinewidth=1.5,
+        )
+        ax.scatter(part["bias"], y, c=colours, zorder=3, s=18)
+        ax.axvline(0, color="black", linewidth=0.8)
+        first = "defense" if order == "normal" else "directive"
+        ax.set_title(f"{order} order ({first} first)")
+        ax.set_xlabel("keep rate: defense - directive")
+    axes[0].set_yticks(range(len(presses)), presses)
+    axes[0].invert_yaxis()
+    handles = [
+        plt.Line2D([], [], marker="o", linestyle="", color=colour, label=label)
+        for label, colour in POLICY_COLOURS.items()
+        if label in presses
+    ]
+    handles.append(plt.Line2D([], [], marker="o", linestyle="", color="#7F7F7F", label="other kvpress presses"))
+    axes[0].legend(handles=handles, title="the paper's five", loc="lower left", fontsize=8, title_fontsize=8)
+    suptitle(fig, title)
+    fig.tight_layout()
+    return fig
+
+
+def atlas_curves_figure(curves: pd.DataFrame, title: str, presses: list[str]) -> plt.Figure:
+    """Notebook 12: keep rate of the defense and the directive vs r, one panel per press in the order of ``presses``
+    (the bias ranking), both orders (line styles)."""
+    long = span_keep_rates(curves, ["press", "order", "ratio"])
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        style="order",
+        col="press",
+        col_wrap=6,
+        col_order=presses,
+        kind="line",
+        marker="o",
+        markersize=3,
+        height=1.8,
+        aspect=1.0,
+    )
+    grid.set_axis_labels("r", "keep rate")
+    grid.set_titles("{col_name}", size=8)
+    suptitle(grid.figure, title)
+    return grid.figure

@@ -12,13 +12,77 @@ from __future__ import annotations
 
 import itertools
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Part
+from fairkv.report.figures import in_order, palette, suptitle
 from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import CI_PROMPTS, CPU_MITIGATION_RATIOS, NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
+
+# notebook 11 at the cpu profile: StreamingLLM (the paper's headline policy), 10 prompts per span count, 2 per attack
+# category, 50 per defense template; at ci its fewest points, short answers: the attack study's cost is its 30
+# RaccoonBench attacks over every cache, read in batches padded to their longest attack (one has 412 tokens), so 8 at
+# a time.
+# One span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.core.multispan); compliance needs the benign query
+# only
+SPANS = Study(
+    "spans",
+    "11",
+    "beyond the paper: N instruction spans",
+    Fields(dataset="spans_2", variants=("base", "fair"), queries=("benign",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
+        "cpu": Scale(
+            n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
+        ),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
+    },
+    figures=("11_spans", "11_spans_budget", "11_spans_starvation", "11_paper_vs_us"),
+)
+# every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries)
+ATTACKS = Study(
+    "attacks",
+    "11",
+    "beyond the paper: many attacks",
+    Fields(variants=("base", "whitelist", "fair")),
+    {
+        "ci": Scale(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
+        "cpu": Scale(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
+)
+# one defense template per run (the notebook passes template=...); the paper's attack. At the cpu profile 64 answers
+# at once, not the profile's 128: the longest template's caches peaked at 17.0 GB at 128 before the Decoder (issue
+# 37), which holds only the waiting and running answers' caches; with it, 12.1 GB at 128 and 11.2 GB at 64, and 128 no
+# faster (10 min 19 s against 9 min 58 s for the template's 550 rows; benchmarks/results/defenses_batch_cpu.txt)
+DEFENSES = Study(
+    "defenses",
+    "11",
+    "beyond the paper: defense strength",
+    Fields(variants=("base", "fair"), queries=("attack",)),
+    {
+        "ci": Scale(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.3, 0.5, 0.7)),
+        "cpu": Scale(
+            n_prompts=50, orders=NORMAL, policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, batch_size=64
+        ),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS),
+    },
+    figures=("11_defense_strength", "11_defense_critical_ratio"),
+)
+STUDIES = (SPANS, ATTACKS, DEFENSES)
+MINUTES = {"ci": 3.0, "cpu": 18}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+# defense templates of RaccoonBench with all their text before the directive, from weak to strong (12, 56 and 335
+# words); templates with text on both sides of the directive have no single defense span. The refusal rate counts the
+# standard template's scripted reply and its variants (metrics.is_refusal); a reply another template scripts (the
+# GptInfinite template's "ACCESS DENIED") counts as "other", so read its leakage beside its refusal rate
+DEFENSE_LADDER = ("short_defense_1", "standard_defense", "long_defense_GptInfinite")
+
 
 RATIO_STEP = 0.1  # the step of the defense study's ratio grid above r = 0.3, on which a critical ratio is read
 CRITICAL_MARGIN = RATIO_STEP / 2  # a move of the critical ratio smaller than half a grid step is no move
@@ -50,8 +114,9 @@ COMPLIANCE_RAISED = Claim(
     status=OURS,
     parts="one per span count: all must hold",
     score="inst_strict",
-    cells=(Cells("spans", datasets=("spans_2", "spans_3", "spans_5", "spans_8")),),
+    cells=(Cells(SPANS, datasets=("spans_2", "spans_3", "spans_5", "spans_8")),),
 )
+
 CATEGORIES_RISE = Claim(
     "beyond.categories_rise",
     "11_attacks_leakage",
@@ -313,3 +378,114 @@ def measure(
         ),
     )
     return out
+
+
+def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
+    """N instruction spans: per prompt, the smallest span keep rate (the worst-kept of its spans, which notebook 11's
+    claim is about) and the mean per-span compliance, vs r (rows), one column per span count with its n (prompts),
+    one line per variant: means over that count's prompts with 95% bootstrap intervals."""
+    per_prompt = (
+        spans.groupby(["n_spans", "variant", "ratio", "key"])
+        .agg(smallest=("keep_rate", "min"), compliance=("compliance", "mean"))
+        .reset_index()
+    )
+    prompts = per_prompt.groupby("n_spans")["key"].nunique()
+    per_prompt["spans"] = per_prompt["n_spans"].map(lambda n: f"{n} spans (n = {prompts[n]} prompts)")
+    names = {"smallest": "smallest span keep rate", "compliance": "compliance (mean over spans)"}
+    long = per_prompt.melt(
+        id_vars=["spans", "variant", "ratio", "key"], value_vars=list(names), var_name="metric", value_name="value"
+    )
+    long["metric"] = long["metric"].map(names)
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="spans",
+        row="metric",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.4,
+        aspect=1.0,
+        palette=palette("variant"),
+        hue_order=in_order(long["variant"], "variant"),
+        col_order=[f"{n} spans (n = {prompts[n]} prompts)" for n in sorted(prompts.index)],
+        row_order=list(names.values()),
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}:\n{row_name}", size=8)
+    grid.set(ylim=(-0.05, 1.05))
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def budget_figure(spans: pd.DataFrame, title: str, bin_tokens: int = 10) -> plt.Figure:
+    """Absolute budget against ratio: the spans' compliance against the tokens they keep (rounded to the nearest
+    ``bin_tokens``, the axis's ticks), one panel per variant, colour the span count (ratio-free: a span that keeps k
+    tokens complies about as well whatever the prompt size?). Each point is the mean over the spans in its bin at every
+    r > 0, labelled with their number (n spans, several per prompt); the span counts' points are moved apart along
+    the axis by a fifth of a bin at most so that their labels do not cover one another."""
+    compressed = spans[spans["ratio"] > 0].assign(kept=lambda t: (t["kept_tokens"] / bin_tokens).round() * bin_tokens)
+    compressed = compressed.rename(columns={"n_spans": "spans in the prompt"})
+    points = (
+        compressed.groupby(["variant", "spans in the prompt", "kept"])["compliance"]
+        .agg(compliance="mean", n="size")
+        .reset_index()
+    )
+    counts = sorted(points["spans in the prompt"].unique())
+    dodge = dict(zip(counts, np.linspace(-bin_tokens / 5, bin_tokens / 5, len(counts)) if len(counts) > 1 else [0.0]))
+    points["at"] = points["kept"] + points["spans in the prompt"].map(dodge)
+    grid = sns.relplot(
+        data=points,
+        x="at",
+        y="compliance",
+        hue="spans in the prompt",
+        col="variant",
+        kind="line",
+        marker="o",
+        errorbar=None,
+        palette="viridis",
+        height=2.8,
+        aspect=1.8,
+        col_order=in_order(points["variant"], "variant"),
+    )
+    for variant, ax in grid.axes_dict.items():
+        for point in points[points["variant"] == variant].itertuples():
+            ax.annotate(
+                str(point.n),
+                (point.at, point.compliance),
+                textcoords="offset points",
+                xytext=(0, 4),
+                fontsize=6,
+                ha="center",
+            )
+    grid.set(xticks=np.arange(0, points["kept"].max() + bin_tokens, bin_tokens), ylim=(-0.05, 1.1))
+    grid.set_axis_labels(f"tokens kept in the span (nearest {bin_tokens})", "compliance")
+    grid.set_titles("{col_name} (each point: its n spans)", size=8)
+    suptitle(grid.figure, title)
+    return grid.figure
+
+
+def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
+    """Many attacks: ``metric`` per attack category (rows of the heat map) and (variant, ratio) (columns), means over
+    prompts and the category's attacks."""
+    table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
+    sns.heatmap(
+        table,
+        vmin=0,
+        vmax=1,
+        cmap="rocket_r",
+        annot=True,
+        fmt=".2f",
+        annot_kws={"size": 7},
+        ax=ax,
+        cbar_kws={"label": label},
+    )
+    ax.set_xlabel("variant, compression ratio r")
+    ax.set_ylabel("")
+    ax.set_title(title, fontsize=9)
+    return fig

@@ -18,7 +18,26 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.runs.studies import BOTH_ORDERS, CI_PROMPTS, CPU_MITIGATION_RATIOS, LAMBDAS, Fields, Scale, Study
 from fairkv.studies import reading
+
+# Appendix G-H, Figs 15-18; at the cpu profile StreamingLLM, lambda 0-1 by 0.2, both orders, accuracy and leakage at
+# every point
+STUDY = Study(
+    "debias",
+    "07",
+    "Debiasing: Figs 15-16, Table 3",
+    Fields(variants=("fair",), lams=LAMBDAS),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",), lams=(0.0, 0.5, 1.0)),
+        "cpu": Scale(policies=("streamingllm",), ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=BOTH_ORDERS)),
+        "paper": Scale(n_prompts=100),
+    },
+    figures=("07_fig15_lambda_plane", "07_table3_pareto", "07_paper_vs_us"),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.4, "cpu": 111}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 PAPER_RULE = "strict"  # the paper's words (Appendix H): the rule its numbers are compared under
 PARETO_MARGIN = 0.10

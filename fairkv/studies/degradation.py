@@ -7,12 +7,33 @@ out of the spread. The spread is read at the largest ratio run, rho averaged ove
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Part
+from fairkv.report.figures import suptitle
+from fairkv.runs.studies import CI_PROMPTS, GROWN_BENIGN, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
+
+STUDY = Study(
+    "degradation",
+    "01",
+    "Pitfall 1: Fig 2a-b",
+    Fields(policies=("streamingllm",), variants=("base",), queries=("benign",), orders=("normal",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS),
+        "cpu": Scale(ratios=TEN_RATIOS, **GROWN_BENIGN),
+        # the paper scores IFEval on all 539 records of sys_ifeval (leakage on the first 100 of the shuffled set)
+        "paper": Scale(dataset="sys_ifeval", n_prompts=None),
+    },
+    figures=("01_fig2a_class_accuracy", "01_fig2b_spearman", "01_benign_refusals", "01_paper_vs_us"),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.4, "cpu": 63}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 NORMAL = {"policy": "streamingllm", "variant": "base", "order": "normal"}  # the setting of Fig 2
 SPREAD_MARGIN = reading.RATE_MARGIN
@@ -42,6 +63,7 @@ RHO = Claim(
     margin=reading.RHO_MARGIN,
     null=reading.RHO_NULL,
 )
+
 CLAIMS = (SPREAD, RHO)
 
 
@@ -113,3 +135,61 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
             why=why,
         ),
     }
+
+
+def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
+    """Fig 2a: accuracy per instruction class vs r; rows single / multi-instruction prompts, columns raw / normalised
+    by the class's accuracy at r = 0. Every class is drawn in the raw column; the legend gives each class's number of
+    instructions (single / multi), and the normalised panel names the classes that score 0 at r = 0 and so cannot be
+    normalised (they are absent from it, not lost)."""
+    counts = accuracy[accuracy["ratio"] == 0.0].pivot_table(index="class", columns="prompts", values="n", aggfunc="sum")
+    count = lambda name, kind: int(counts.at[name, kind]) if kind in counts and pd.notna(counts.at[name, kind]) else 0
+    label = {name: f"{name} (n = {count(name, 'single')} / {count(name, 'multi')})" for name in counts.index}
+    labelled = accuracy.assign(**{"class": accuracy["class"].map(label)})
+    long = labelled.melt(
+        id_vars=["prompts", "class", "ratio"],
+        value_vars=["accuracy", "normalised"],
+        var_name="scale",
+        value_name="value",
+    )
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="class",
+        row="prompts",
+        col="scale",
+        kind="line",
+        marker="o",
+        height=2.8,
+        aspect=1.4,
+        facet_kws={"sharey": False},
+        row_order=["single", "multi"],
+        col_order=["accuracy", "normalised"],
+    )
+    grid.set_titles("{row_name}-instruction prompts, {col_name}")
+    colours = {
+        text.get_text(): handle.get_color() for text, handle in zip(grid.legend.texts, grid.legend.legend_handles)
+    }
+    for (kind, scale), ax in grid.axes_dict.items():
+        if scale == "accuracy":  # the raw accuracy's 95% Wilson band per class (``analysis.class_accuracy``)
+            for name, line in labelled[labelled["prompts"] == kind].sort_values("ratio").groupby("class"):
+                ax.fill_between(
+                    line["ratio"], line["low"], line["high"], color=colours.get(name), alpha=0.1, linewidth=0
+                )
+        ax.set_xlabel("compression ratio r")
+        ax.set_ylabel("accuracy (instructions followed)" if scale == "accuracy" else "accuracy / accuracy at r = 0")
+        if scale == "normalised":
+            lost = accuracy[(accuracy["prompts"] == kind) & (accuracy["ratio"] == 0.0) & (accuracy["accuracy"] == 0.0)]
+            if not lost.empty:
+                ax.text(
+                    0.02,
+                    0.02,
+                    "0 at r = 0, not normalised:\n" + ", ".join(sorted(lost["class"])),
+                    fontsize=6,
+                    transform=ax.transAxes,
+                    va="bottom",
+                )
+    grid.legend.set_title("class (n instructions: single / multi)")
+    suptitle(grid.figure, title)
+    return grid.figure

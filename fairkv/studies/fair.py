@@ -11,11 +11,60 @@ from __future__ import annotations
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
-from fairkv.runs.redecode import Cells
 from fairkv.report.claims import Claim, Measured, Number, Part
-from fairkv.runs.studies import TABLE1_RATIOS
+from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import (
+    CI_MITIGATION_RATIOS,
+    CI_PROMPTS,
+    CPU_MITIGATION_RATIOS,
+    CPU_MITIGATIONS,
+    GROWN_SIDE,
+    TABLE1_RATIOS,
+    TEN_RATIOS,
+    Fields,
+    Scale,
+    Study,
+)
 from fairkv.studies import mechanism, reading
 from fairkv.studies.reading import PEAK
+
+STUDY = Study(
+    "fair",
+    "06",
+    "Fair eviction: Figs 9, 13 (right), Table 1",
+    Fields(variants=("base", "whitelist", "fair")),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+        "cpu": Scale(**CPU_MITIGATIONS),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    figures=(
+        "06_fig9_fair",
+        "06_fig13_defense",
+        "06_outcomes_normal",
+        "06_outcomes",
+        "06_mechanism",
+        "06_table1",
+        "06_paper_vs_us",
+    ),
+)
+FLIPPED = Study(
+    "fair_flipped",
+    "06",
+    "Fair eviction, flipped order: Fig 14",
+    Fields(orders=("flipped",), variants=("base", "fair")),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",)),  # the policy its claim reads
+        "cpu": Scale(
+            ratios=CPU_MITIGATION_RATIOS, benign=dict(orders=("flipped",), policies=("streamingllm",), **GROWN_SIDE)
+        ),
+        "paper": Scale(n_prompts=100),
+    },
+    figures=("06_fig14_flipped", "06_outcomes_flipped"),
+)
+STUDIES = (STUDY, FLIPPED)
+MINUTES = {"ci": 1.0, "cpu": 151}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 FAIR_RATIO = 0.7  # where the paper quotes Fig 9
 
@@ -66,7 +115,7 @@ TABLE1_POSITIVE = Claim(
     parts="one part per policy and variant: all must hold (fails when any fails)",
     score="prompt_strict",
     # the parts at or below 0 decide: TOVA fair and H2O fair
-    cells=(Cells("fair", policies=("tova", "h2o"), variants=("base", "fair"), ratios=TABLE1_RATIOS),),
+    cells=(Cells(STUDY, policies=("tova", "h2o"), variants=("base", "fair"), ratios=TABLE1_RATIOS),),
     mitigation="whitelist and fair",
 )
 ORDER_GAP = Claim(

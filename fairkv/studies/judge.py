@@ -17,8 +17,44 @@ from scipy import stats
 from fairkv.core.metrics import LEAK_THRESHOLD
 from fairkv.report import analysis, outcomes, verdicts
 from fairkv.report.claims import NO_NUMBER, OURS, Claim, Measured, Number, Part
-from fairkv.studies import mechanism, reading
+from fairkv.runs.judge import Plan
+from fairkv.runs.studies import Study
+from fairkv.studies import fair, mechanism, reading
 from fairkv.studies.reading import PEAK
+
+# Appendix L: the judge, the policies whose attack responses it rates (the rows come from the fair study: base,
+# whitelist and fair eviction), the directives of its calibration set (six labelled responses each) and its precision
+# (bfloat16 where the profile's model runs in it; a stored score names its judge's precision). On 2 CPU cores the judge
+# reads about 80 prompt tokens/s (Qwen, fp32), so the cpu profile judges StreamingLLM, the paper's headline policy, and
+# ci uses SmolLM2 on two directives to check the pipeline.
+STUDY = Study(
+    "judge",
+    "10",
+    "LLM judge: Figs 25-26",
+    None,
+    {
+        "ci": Plan(judge="smollm2-135m", policies=("streamingllm",), calibration_prompts=2, dtype="float32"),
+        "cpu": Plan(judge="qwen2.5-coder-1.5b", policies=("streamingllm",), calibration_prompts=6, dtype="bfloat16"),
+        "paper": Plan(
+            judge="qwen2.5-coder-1.5b",
+            policies=("streamingllm", "h2o", "snapkv", "tova", "knorm"),
+            calibration_prompts=6,
+            dtype="bfloat16",
+        ),
+    },
+    figures=(
+        "10_fig25_judge_leak_rate",
+        "10_fig26_judge_severity",
+        "10_judge_agreement",
+        "10_judge_calibration",
+        "10_paper_vs_us",
+    ),
+    sweep=False,
+)
+JUDGED = fair.STUDY  # the study whose attack answers the judge rates
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.8, "cpu": 35}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 RANKS_ALIKE = 0.5  # a rank correlation above this: the judge orders responses much as ROUGE-L does
 
@@ -53,6 +89,7 @@ WHITELIST_LOWERS = Claim(
     judged=True,
     mitigation="whitelist",
 )
+
 FAIR_LOWERS = Claim(
     "judge.fair_lowers",
     "Figs 25-26",

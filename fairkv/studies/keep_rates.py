@@ -7,12 +7,33 @@ paper's keep rates of StreamingLLM are still compared with ours, as levels the p
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
+import seaborn as sns
 
 from fairkv.report import verdicts
 from fairkv.report.claims import SANITY, Claim, Measured, Number, Part
+from fairkv.report.figures import label_policies, span_keep_rates, suptitle
+from fairkv.runs.studies import BASE, BOTH_ORDERS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
+
+# keep rates need no decoding, so even the small profiles afford many prompts and all ten ratios
+STUDY = Study(
+    "keep_rates",
+    "04",
+    "Pitfall 5: Figs 7, 10",
+    Fields(orders=BOTH_ORDERS, variants=BASE, queries=("keep",)),
+    {
+        "ci": Scale(n_prompts=8, ratios=TEN_RATIOS),
+        "cpu": Scale(ratios=TEN_RATIOS),
+        "paper": Scale(n_prompts=100),
+    },
+    figures=("04_fig7_keep_rates", "04_paper_vs_us"),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.3, "cpu": 5}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 SPANS = {"normal": ("defense", "directive"), "flipped": ("directive", "defense")}  # (earlier, later) per order
 TOVA_WITHIN = reading.KEEP_MARGIN
@@ -56,6 +77,7 @@ KNORM_EARLIER = Claim(
     null=reading.KEEP_NULL,
     parts="the normal and the flipped order: both must hold",
 )
+
 TOVA_DEFENSE = Claim(
     "keep_rates.tova_defense_kept",
     "Fig 7",
@@ -142,3 +164,27 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
     kept, text = _gap(rows, "tova", "normal", "defense", "directive")
     out[TOVA_DEFENSE.id] = Measured([Part("defense - directive", kept)], text, kept.n, why=_favours(rows, "tova"))
     return out
+
+
+def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 7 and 10: keep rate of the defense and the directive span vs r; columns policies, rows orders."""
+    long = span_keep_rates(label_policies(rows), ["key", "policy", "order", "ratio"])
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="keep rate",
+        hue="span",
+        col="policy",
+        row="order",
+        kind="line",
+        marker="o",
+        errorbar=("ci", 95),
+        n_boot=1000,
+        seed=0,
+        height=2.5,
+        aspect=1.0,
+    )
+    grid.set_axis_labels("compression ratio r", "keep rate")
+    grid.set_titles("{col_name}, {row_name} order")
+    suptitle(grid.figure, title)
+    return grid.figure

@@ -10,8 +10,37 @@ import pandas as pd
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
 from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, Fields, Scale, Study
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
+
+STUDY = Study(
+    "leakage",
+    "03",
+    "Pitfalls 3-4: Figs 4, 5, 6",
+    Fields(orders=BOTH_ORDERS, variants=BASE),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS),
+        "cpu": Scale(benign=dict(orders=BOTH_ORDERS, policies=("streamingllm",), **GROWN_SIDE)),
+        "paper": Scale(n_prompts=100),
+    },
+    figures=(
+        "03_fig4_leakage",
+        "03_fig4_compliance",
+        "03_fig4_normal",
+        "03_fig4_capped",
+        "03_fig4_benign_refusals",
+        "03_fig5_accuracy",
+        "03_fig5_flipped",
+        "03_fig6_defense",
+        "03_fig6_defense_raw",
+        "03_outcomes",
+        "03_paper_vs_us",
+    ),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.8, "cpu": 71}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 PEAK_POLICIES = ("streamingllm", "snapkv", "h2o", "knorm")  # Fig 4's order of peak leakage, highest first
 FOLLOWED = 0.5  # the directive counts as followed when more prompts than not meet all its instructions
@@ -53,6 +82,7 @@ FOLLOWED_AT_PEAK = Claim(
     effect=False,
     score="prompt_strict",
 )
+
 KEPT_RELATIVE = Claim(
     "leakage.directive_kept_relative",
     "Fig 4",
@@ -67,7 +97,7 @@ KEPT_RELATIVE = Claim(
     null=reading.RATE_NULL,
     status=OURS,
     score="prompt_strict",
-    cells=(Cells("leakage", policies=("streamingllm",), orders=("normal",), ratios=(0.0, PEAK), queries=("benign",)),),
+    cells=(Cells(STUDY, policies=("streamingllm",), orders=("normal",), ratios=(0.0, PEAK), queries=("benign",)),),
 )
 PEAK_ORDER = Claim(
     "leakage.peak_order",
@@ -86,7 +116,7 @@ PEAK_ORDER = Claim(
     null=reading.LEAK_NULL,
     parts="the three steps: all must hold",
     score="leak_directive",
-    cells=(Cells("leakage", policies=("snapkv", "h2o"), orders=("normal",), ratios=(PEAK,), queries=("attack",)),),
+    cells=(Cells(STUDY, policies=("snapkv", "h2o"), orders=("normal",), ratios=(PEAK,), queries=("attack",)),),
 )
 FLIPPED_FASTER = Claim(
     "leakage.flipped_faster",

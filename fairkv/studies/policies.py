@@ -11,10 +11,27 @@ import numpy as np
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
-from fairkv.runs.redecode import Cells
 from fairkv.report.claims import Claim, Measured, Part
+from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import CI_PROMPTS, GROWN_BENIGN, Fields, Scale, Study
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
+
+STUDY = Study(
+    "policies",
+    "02",
+    "Pitfall 2: Fig 3",
+    Fields(variants=("base",), queries=("benign",), orders=("normal",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS),
+        "cpu": Scale(**GROWN_BENIGN),
+        "paper": Scale(dataset="sys_ifeval", n_prompts=None),
+    },
+    figures=("02_fig3_accuracy", "02_fig3_spearman", "02_benign_refusals", "02_paper_vs_us"),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.6, "cpu": 100}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 BASE = {"variant": "base", "order": "normal"}  # Fig 3's setting; the policy is each claim's
 BEST, WORST = "tova", "knorm"
@@ -31,7 +48,7 @@ TOVA_BEST = Claim(
     null=reading.RATE_NULL,
     parts="TOVA minus each other policy, paired over prompts: all must hold",
     score="prompt_strict",
-    cells=(Cells("policies", policies=("tova", "h2o"), ratios=(0.3, 0.5, 0.7, 0.9)),),  # TOVA - H2O decides
+    cells=(Cells(STUDY, policies=("tova", "h2o"), ratios=(0.3, 0.5, 0.7, 0.9)),),  # TOVA - H2O decides
 )
 KNORM_WORST = Claim(
     "policies.knorm_worst",
@@ -57,6 +74,7 @@ KNORM_RHO = Claim(
     null=reading.RHO_NULL,
     parts="each other policy minus K-Norm, resampling prompts: all must hold",
 )
+
 CLAIMS = (TOVA_BEST, KNORM_WORST, KNORM_RHO)
 
 

@@ -13,17 +13,64 @@ the paper's bound stays a claim."""
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
+import seaborn as sns
 
+from fairkv.core.presses import POLICIES
 from fairkv.report import verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
-from fairkv.runs.runtime import summarise
+from fairkv.report.figures import every_ratio, label_policies, palette, suptitle
+from fairkv.runs.runtime import Plan, per_100, summarise
+from fairkv.runs.studies import TEN_RATIOS, Study
 from fairkv.studies import reading
+
+# Appendix K: the runtime plan (``fairkv.runs.runtime.Plan``); benchmarks/runtime.py measures all five policies at the
+# cpu profile
+STUDY = Study(
+    "runtime",
+    "09",
+    "Runtime: Figs 23-24",
+    None,
+    {
+        "ci": Plan(
+            model="smollm2-135m",
+            ratios=(0.5,),
+            repeats=2,
+            note="SmolLM2, H2O at r = 0.5, 1 prompt, 2 repeats of 16 tokens: checks the pipeline",
+        ),
+        "cpu": Plan(
+            model="qwen2.5-coder-1.5b",
+            repeats=10,
+            dtype="bfloat16",
+            note="Qwen2.5-Coder-1.5B in bfloat16 (the cpu "
+            "profile's precision) on 2 CPU cores, H2O (the paper's figure), 1 prompt, 10 repeats of 16 new tokens "
+            "(the fewest a bootstrap over repeats decides on; paper: 256, one RTX A6000); benchmarks/runtime.py "
+            "measures all five policies",
+        ),
+        "paper": Plan(
+            model="meta-llama/Llama-3.1-8B-Instruct",
+            policies=tuple(POLICIES),
+            ratios=TEN_RATIOS[1:],
+            n_prompts=5,
+            repeats=10,
+            new_tokens=256,
+            dtype="bfloat16",
+            note="the paper's setting on a GPU: bfloat16, 256 new tokens, r = 0.1-0.9",
+        ),
+    },
+    figures=("09_fig23_runtime", "09_runtime", "09_paper_vs_us"),
+    sweep=False,
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.7, "cpu": 5}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 NO_SECOND_PASS = (
     "every variant selects its kept set inside the base policy's one prefill, from scores computed in that same pass "
     "(fairkv.core.presses.RecordingPress): no second pass over the prompt"
 )  # why the paper's extra cost of compression is not in this code (the measured ratio is quoted beside it)
+
 COST_BOUND = 1.0  # a cost: the variant's time over the base's above 1
 _FAIR = Number(1.08, "cost")  # the paper's cost of fair eviction, the smaller of its two
 COST_MARGIN = round((_FAIR.value - COST_BOUND) / 4, 3)  # no cost worth the name: a quarter of the smaller cost
@@ -50,6 +97,7 @@ WHITELIST_COST = Claim(
     margin=FAIR_COST.margin,
     null=FAIR_COST.null,
 )
+
 _WITHIN = Number(0.07, "share")  # the paper's bound on the decoding time of every variant relative to the base
 DECODING_SAME = Claim(
     "runtime.decoding_same",
@@ -115,3 +163,48 @@ def measure(timings: pd.DataFrame, policy: str = "h2o") -> dict[str, Measured]:
         "the base's time",
     )
     return out
+
+
+RUNTIME_PANELS = {
+    "compress_per_100": "compression s / 100 prefix tokens",
+    "decode_per_100": "decoding s / 100 new tokens",
+    "throughput": "decoding throughput (tok/s)",
+}
+
+
+def runtime_figure(timings: pd.DataFrame, title: str) -> plt.Figure:
+    """Figs 23-24: compression and decoding cost and throughput vs r (rows of panels) per policy (columns), one line
+    per variant; medians over the timed rounds with interquartile bands, the prompt, its prefix and the new tokens
+    timed named under the title."""
+    long = label_policies(per_100(timings)).melt(
+        id_vars=["policy", "variant", "ratio"], value_vars=list(RUNTIME_PANELS), var_name="metric", value_name="value"
+    )
+    long["metric"] = long["metric"].map(RUNTIME_PANELS)
+    grid = sns.relplot(
+        data=long,
+        x="ratio",
+        y="value",
+        hue="variant",
+        col="policy",
+        row="metric",
+        kind="line",
+        marker="o",
+        estimator="median",
+        errorbar=("pi", 50),
+        height=2.4,
+        aspect=1.1,
+        row_order=list(RUNTIME_PANELS.values()),
+        palette=palette("variant"),
+        facet_kws={"sharey": "row"},
+    )
+    grid.set_axis_labels("compression ratio r", "")
+    grid.set_titles("{col_name}: {row_name}", size=8)
+    every_ratio(grid, long["ratio"])
+    timed = timings[~timings["warmup"].astype(bool)]
+    prompts = ", ".join(f"{key} ({n} prefix tokens)" for key, n in timed.groupby("prompt")["n_prefix"].first().items())
+    said = (
+        f"prompt {prompts}, {'/'.join(map(str, sorted(timed['new_tokens'].unique())))} new tokens; medians over "
+        f"{timed['round'].nunique()} timed rounds, bands the interquartile range"
+    )
+    suptitle(grid.figure, f"{title}\n{said}")
+    return grid.figure

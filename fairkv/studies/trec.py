@@ -11,8 +11,50 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.runs.studies import CPU_MITIGATION_RATIOS, LAMBDAS, NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import debias, reading
 from fairkv.studies.reading import PEAK
+
+# one LongBench TREC word bucket per run (dataset trec_1k / trec_2k / trec_3k, see fairkv.core.longbench; ``buckets``:
+# the profile's, all three where None); LongBench generates at most 64 tokens for TREC. ci checks the pipeline on the
+# shortest bucket only: eager attention (which H2O needs, and every policy shares so that r = 0 is one cell) prefills a
+# 3-4k-word prompt in about a minute on SmolLM2 and 2 cores. At the cpu profile Qwen's eager prefill of a 1-2k-word
+# prompt and 2k-token caches dominate: two policies, 50 prompts
+STUDY = Study(
+    "trec",
+    "08",
+    "LongBench TREC: Figs 19-22",
+    Fields(dataset="trec_1k", variants=("base", "fair"), benign_tokens=64),
+    {
+        "ci": Scale(
+            n_prompts=1, policies=("streamingllm", "snapkv"), ratios=(0.0, 0.5), benign_tokens=16, buckets=("1k",)
+        ),
+        "cpu": Scale(n_prompts=50, orders=NORMAL, policies=("streamingllm", "snapkv"), ratios=CPU_MITIGATION_RATIOS),
+        "paper": Scale(n_prompts=None, ratios=TEN_RATIOS),
+    },
+    figures=("08_trec_means", "08_synthetic_pipeline_check", "08_paper_vs_us"),
+)
+# Appendices G-H on LongBench TREC (the first bucket): SnapKV and TOVA, lambda 0-1
+DEBIAS = Study(
+    "trec_debias",
+    "08",
+    "LongBench TREC debiasing: Figs 17-18, Table 4",
+    Fields(dataset="trec_1k", variants=("fair",), lams=LAMBDAS, policies=("snapkv", "tova"), benign_tokens=64),
+    {
+        "ci": Scale(n_prompts=1, policies=("snapkv",), ratios=(0.0, 0.5, 0.7), lams=(0.0, 0.5, 1.0), benign_tokens=16),
+        "cpu": Scale(n_prompts=50, orders=NORMAL, ratios=CPU_MITIGATION_RATIOS),
+        "paper": Scale(n_prompts=None, ratios=TEN_RATIOS),
+    },
+    figures=("08_fig17_trec_lambda_plane", "08_table4_pareto"),
+)
+STUDIES = (STUDY, DEBIAS)
+MINUTES = {"ci": 0.5, "cpu": 10}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
+
+def buckets(profile: str) -> tuple[str, ...] | None:
+    """The LongBench TREC word buckets notebook 08 runs at ``profile`` (None: every bucket)."""
+    return STUDY.at(profile).buckets
+
 
 TABLE4_POLICIES = ("snapkv", "tova")
 _TABLE4_SHARES = (Number(0.40, "share"), Number(0.10, "share"))  # lambda = 1's and lambda = 0's, both policies alike
@@ -50,6 +92,8 @@ WEAK_3K = Claim(
     effect=False,
     score="refused",
 )
+
+
 WEAKER_2K = Claim(
     "trec.weaker_2k",
     "Figs 19-22",

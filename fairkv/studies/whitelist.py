@@ -12,7 +12,33 @@ import pandas as pd
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Mechanism, Number, Part
 from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import CI_MITIGATION_RATIOS, CI_PROMPTS, CPU_MITIGATIONS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import mechanism, reading
+
+# Figs 8-9 and Table 1 are normal order at the cpu profile (Fig 14, flipped, is the fair study's); accuracy at Table
+# 1's ratios; at the paper's scale the whitelist no longer fits the budget beyond r = 0.7 (Section 5.1)
+STUDY = Study(
+    "whitelist",
+    "05",
+    "Whitelisting: Figs 8, 13 (left)",
+    Fields(variants=("base", "whitelist")),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+        "cpu": Scale(**CPU_MITIGATIONS),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    figures=(
+        "05_fig8_whitelist",
+        "05_fig8_leakage",
+        "05_fig13_defense",
+        "05_outcomes",
+        "05_mechanism",
+        "05_paper_vs_us",
+    ),
+)
+STUDIES = (STUDY,)
+MINUTES = {"ci": 0.8, "cpu": 176}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
 
 WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
 
@@ -47,9 +73,10 @@ ACCURACY_UNCHANGED = Claim(
     below=reading.RATE_MARGIN,
     region=f"about unchanged: within +-{reading.RATE_MARGIN:g}, {reading.RATE_NULL}",
     score="prompt_strict",
-    cells=(Cells("whitelist", ratios=(0.4, 0.5, 0.6, 0.7), queries=("benign",)),),
+    cells=(Cells(STUDY, ratios=(0.4, 0.5, 0.6, 0.7), queries=("benign",)),),
     mitigation="whitelist",
 )
+
 DEFENSE_LEAKAGE = Claim(
     "whitelist.defense_leakage",
     "Fig 13",
