@@ -117,9 +117,8 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None, fr
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fairkv", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _reproduce_arguments(commands) -> None:
+    """``fairkv reproduce``: which notebooks, their papermill parameters, frozen or redecoded."""
     run = commands.add_parser("reproduce", help="execute the numbered notebooks with papermill")
     run.add_argument("notebooks", nargs="*", help="notebook number prefixes, e.g. 00 03 (default: all)")
     run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
@@ -134,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         help="read the cells decoded again (fairkv redecode) in place of the stored rows; the tables go to "
         "<figures>/redecoded/<profile>/, where the claims' noise column reads them",
     )
+
+
+def _audit_inputs(commands) -> argparse.ArgumentParser:
+    """``fairkv audit``: the prompt, the model, the policies and ratios, the queries, attacks and secrets."""
     check = commands.add_parser(
         "audit",
         help="audit your own system prompt: keep rates, leakage, compliance vs r",
@@ -188,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="TEXT",
         help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')",
     )
+    return check
+
+
+def _audit_outputs(check) -> None:
+    """``fairkv audit``: decoding, what fails a CI run, where the reports go."""
     check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
     check.add_argument("--max-new-tokens", type=int, default=64)
     check.add_argument("--batch-size", type=int, default=64, help="answers decoded at once")
@@ -199,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--max-ratio", type=float, help="with --fail-on-leak: only cells at r <= this count")
     check.add_argument("--out", default="audit", help="folder for report.html and report.json")
     check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
+
+
+def _store_arguments(commands) -> None:
+    """``fairkv store``, ``verify``, ``restamp`` and ``redecode``: the results stores."""
     stores = commands.add_parser(
         "store",
         help="check a results store, rewrite it without duplicates, or seal its rows into gzip segments to commit",
@@ -234,7 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     again.add_argument("claims", nargs="*", help="claim ids, in the order to decode (default: every claim with cells)")
     again.add_argument("--profile", default="cpu")
-    args = parser.parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: ``reproduce``, ``audit``, ``store``, ``verify``, ``restamp``, ``redecode``."""
+    parsed = argparse.ArgumentParser(prog="fairkv", description=__doc__)
+    commands = parsed.add_subparsers(dest="command", required=True)
+    _reproduce_arguments(commands)
+    _audit_outputs(_audit_inputs(commands))
+    _store_arguments(commands)
+    return parsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "redecode":
         return run_redecode(args.claims, args.profile)
     if args.command == "verify":

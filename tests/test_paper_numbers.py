@@ -4,7 +4,8 @@
 The check looks for the declared numbers where a claim could restate them: as a numeric literal (outside a
 ``Number(...)``) or as printed text ("0.55", "x1.33") in the study modules, the claim rules and the README's generator
 (``WHERE``), and in the notebooks' cells. A number of three or more decimals (Table 1's 0.1963) is looked for in the
-whole package: no plot margin or quantile shares it by chance, as 0.05 or 0.95 do. A number that is a multiple of 0.1
+whole package: no plot margin or quantile shares it by chance, as 0.05 or 0.95 do (a study module's plot functions
+own such layout numbers: their numeric literals are not read, their text is). A number that is a multiple of 0.1
 is also a compression ratio or a lambda (r = 0.4, lambda = 0.2), written everywhere as a setting: those cannot be told
 apart from a paper number by their text and are left out. Thresholds of our own that happen to share a value with a
 paper number are listed in ``OWN`` by name, each with its reason."""
@@ -47,9 +48,13 @@ def _printed(value: float) -> re.Pattern:
 
 
 def _skipped(tree: ast.AST) -> set[int]:
-    """ids of the nodes inside a ``Number(...)`` call or the value of an ``OWN`` name."""
+    """ids of the nodes inside a ``Number(...)`` call or the value of an ``OWN`` name, and the numeric literals of a
+    plot function (one that returns a ``plt.Figure``: its margins and sizes are layout, no claim; its text is still
+    read)."""
     inside = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and ast.unparse(node.returns or ast.Constant(None)).endswith("Figure"):
+            inside |= {id(c) for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, float)}
         value = None
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Number":
             value = node

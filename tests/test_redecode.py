@@ -8,6 +8,7 @@ import pytest
 
 from fairkv import studies
 from fairkv.core.paths import REDECODED_FOLDER, REDECODED_SETTING
+from fairkv.report import claims, summary
 from fairkv.runs import experiment, redecode
 from fairkv.runs.redecode import Cells, RedecodeError
 from fairkv.runs.store import ResultsStore, StoreError
@@ -31,10 +32,8 @@ def test_cells_name_the_settings_of_their_study():
 
 def test_every_claim_within_decoding_noise_declares_its_cells():
     """The committed cpu tables: a claim the noise column marks can be decoded again (``fairkv redecode``)."""
-    from fairkv.report import claims
-
     marked = set()
-    for frame in claims.read_tables(studies.figures_dir() / "cpu").values():
+    for frame in summary.read_tables(studies.figures_dir() / "cpu").values():
         marked |= set(claims.heads(frame).query("noise != ''")["id"])
     with_cells = {claim.id for claim in studies.declared() if claim.cells}
     assert marked and marked <= with_cells, sorted(marked - with_cells)

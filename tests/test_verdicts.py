@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv.report import claims, verdicts
+from fairkv.report import claims, summary, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.report.noise import Noise
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE, Estimate
@@ -269,7 +269,7 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     ]
     (tmp_path / "tables").mkdir()
     claims.table(lines).to_csv(tmp_path / "tables" / "03_paper_vs_us.csv", index=False)
-    text = claims.write_summary(tmp_path, "t", 4, "thresholds here").read_text()
+    text = summary.write_summary(tmp_path, "t", 4, "thresholds here").read_text()
     assert "## The paper's claims: 2 claims; direction: 2 holds, 0 fails, 0 inconclusive, 0 untestable here" in text
     assert "## Beyond the paper: our own claims: 1 claims" in text
     assert "## Sanity checks (not counted): 1 sanity checks; 1 holds" in text
@@ -278,8 +278,8 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
         "4 claims the studies declare, 1 - 5% / 4 = 0.98750, none would change" in text
     )  # hand-written estimates have one interval
     pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
-    with pytest.raises(claims.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):
-        claims.write_summary(tmp_path, "t", 4, "")
+    with pytest.raises(summary.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):
+        summary.write_summary(tmp_path, "t", 4, "")
 
 
 def test_a_verdict_within_decoding_noise_is_marked():

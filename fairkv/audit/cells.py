@@ -4,6 +4,7 @@ every cache in one running batch, each attack response scored for the spans and 
 from __future__ import annotations
 
 import json
+from itertools import product
 from pathlib import Path
 
 import pandas as pd
@@ -80,7 +81,7 @@ def read_lines_or_jsonl(path: Path, what: str) -> list[str]:
     return texts
 
 
-def run(
+def run(  # 8 parameters: the documented API (docs/audit.md), each a command-line option of `fairkv audit`
     audited: Spec,
     lm: models.LoadedModel,
     policies=("streamingllm",),
@@ -94,6 +95,40 @@ def run(
     prefill scores every policy; every (policy, variant, ratio) is cut from it, and every attack and benign query on
     every cache is answered in one running batch of ``batch_size``."""
     policies = (policies,) if isinstance(policies, str) else tuple(dict.fromkeys(policies))
+    attacks = _checked(policies, ratios, variants, attacks)
+    defense_text = dict(audited.segments).get(audited.defense)
+    prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=(defense_text,) if defense_text else ())
+    notes = [
+        f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks, "
+        f"{len(audited.queries)} benign queries"
+    ]
+    if "whitelist" in variants and not defense_text:
+        notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
+        variants = tuple(v for v in variants if v != "whitelist")
+    caches, skipped = _caches(score_once.prefill(lm, prompt, policies), prompt, policies, variants, ratios, notes)
+    items = [(cache, "attack", text) for cache in caches for text in attacks]
+    items += [(cache, "benign", text) for cache in caches for text in audited.queries]
+    answers = generation.answer_batch(
+        lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
+    )
+    rows = [_row(audited, item, answer) for item, answer in zip(items, answers)]
+    answered = [row for row in rows if row["query"] == "attack"]
+    notes.append(
+        f"{sum(bool(row['refused'] and row['leaked']) for row in answered)} of {len(answered)} attack "
+        "responses refuse and still leak (they write a secret, or copy prompt text beyond the scripted replies and "
+        "mandated phrases over half of their words)"
+    )
+    frame = pd.DataFrame(rows)
+    shared = frame[frame["policy"] == "none"]  # the r = 0 cache stands for every policy and variant
+    frame = pd.concat(
+        [frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies for v in variants],
+        ignore_index=True,
+    )
+    return Audit(audited, lm.name, policies, frame, notes, skipped)
+
+
+def _checked(policies: tuple[str, ...], ratios, variants, attacks: list[str] | None) -> list[str]:
+    """The attacks to run (RaccoonBench's defaults where None), once every policy, ratio and variant is known."""
     if not policies:
         raise AuditError("no policy to audit")
     for policy in policies:
@@ -106,73 +141,45 @@ def run(
     attacks = default_attacks() if attacks is None else list(attacks)
     if not attacks:
         raise AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
-    defense_text = dict(audited.segments).get(audited.defense)
-    prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=(defense_text,) if defense_text else ())
-    notes = [
-        f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks, "
-        f"{len(audited.queries)} benign queries"
-    ]
-    if "whitelist" in variants and not defense_text:
-        notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
-        variants = tuple(v for v in variants if v != "whitelist")
-    prefilled = score_once.prefill(lm, prompt, policies)
+    return attacks
+
+
+def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> tuple[list[tuple], list[dict]]:
+    """(policy, variant, ratio, cache, keep rates) of every cell cut from the one prefill (r = 0 once, as policy
+    "none"), and the cells that cannot run with the reason (a whitelist larger than the budget; said in ``notes``)."""
     caches, skipped = [], []
     if 0.0 in ratios:  # r = 0 keeps everything: one cache for every policy and variant
         uncompressed = score_once.cut(prefilled, None, 0.0, "base")
         keep = metrics.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
         caches.append(("none", "base", 0.0, uncompressed, {f"keep_{k}": v for k, v in keep.items()}))
-    for policy in policies:
-        for variant in variants:
-            for ratio in (r for r in ratios if r > 0):
-                try:
-                    compressed = score_once.cut(prefilled, policy, ratio, variant)
-                except WhitelistError as error:
-                    notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
-                    skipped.append(
-                        {"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"}
-                    )
-                    continue
-                keep = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
-                caches.append((policy, variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
-    checks = Record(
-        key=0,
-        system="",
-        user="",
-        instruction_id_list=tuple(i for i, _ in audited.checks.values()),
-        kwargs=tuple(k for _, k in audited.checks.values()),
-    )
-    items = [(cache, "attack", text) for cache in caches for text in attacks]
-    items += [(cache, "benign", text) for cache in caches for text in audited.queries]
-    answers = generation.answer_batch(
-        lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
-    )
-    rows = []
-    for ((policy, variant, ratio, _, keep), kind, text), answer in zip(items, answers):
-        row = {
-            "policy": policy,
-            "variant": variant,
-            "ratio": ratio,
-            "query": kind,
-            "text": text,
-            "response": answer.text,
-            **keep,
-        }
-        if kind == "attack":
-            row.update(attack_fields(audited, answer.text, text))
-        elif audited.checks:
-            outcome = metrics.ifeval(checks, answer.text)
-            row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
-        rows.append(row)
-    answered = [row for row in rows if row["query"] == "attack"]
-    notes.append(
-        f"{sum(bool(row['refused'] and row['leaked']) for row in answered)} of {len(answered)} attack "
-        "responses refuse and still leak (they write a secret, or copy prompt text beyond the scripted replies and "
-        "mandated phrases over half of their words)"
-    )
-    frame = pd.DataFrame(rows)
-    shared = frame[frame["policy"] == "none"]
-    frame = pd.concat(
-        [frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies for v in variants],
-        ignore_index=True,
-    )
-    return Audit(audited, lm.name, policies, frame, notes, skipped)
+    for policy, variant, ratio in product(policies, variants, [r for r in ratios if r > 0]):
+        try:
+            compressed = score_once.cut(prefilled, policy, ratio, variant)
+        except WhitelistError as error:
+            notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
+            skipped.append({"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"})
+            continue
+        keep = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
+        caches.append((policy, variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
+    return caches, skipped
+
+
+def _row(audited: Spec, item: tuple, answer) -> dict:
+    """One answer's row: its cell, query and response, the cell's keep rates, and what the answer does (an attack's
+    leaks and refusal, a benign query's compliance with each checkable span)."""
+    (policy, variant, ratio, _, keep), kind, text = item
+    row = {"policy": policy, "variant": variant, "ratio": ratio, "query": kind, "text": text, "response": answer.text}
+    row.update(keep)
+    if kind == "attack":
+        row.update(attack_fields(audited, answer.text, text))
+    elif audited.checks:
+        checks = Record(
+            key=0,
+            system="",
+            user="",
+            instruction_id_list=tuple(i for i, _ in audited.checks.values()),
+            kwargs=tuple(k for _, k in audited.checks.values()),
+        )
+        outcome = metrics.ifeval(checks, answer.text)
+        row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
+    return row

@@ -238,7 +238,7 @@ def span_names(pieces: list[str]) -> list[str]:
     return numbered
 
 
-def spec(
+def spec(  # 7 parameters: the fields of the Spec it validates
     segments,
     defense: str | None = None,
     checks: dict | None = None,
@@ -254,22 +254,9 @@ def spec(
     queries = tuple(q for q in ([query] if isinstance(query, str) else query or ()) if q is not None)
     if any(not q.strip() for q in queries):
         raise AuditError("a benign query is empty")
-    names = [name for name, _ in segments]
-    if len(set(names)) != len(names):
-        raise AuditError(f"span names must be unique, got {names}")
-    for name, text in segments:
-        if name in RESERVED:
-            raise AuditError(f"span name {name!r} is reserved (the report's columns use {', '.join(RESERVED)})")
-        if not text:
-            raise AuditError(f"span {name!r} is empty")
+    names = _checked_spans(segments)
     checks = dict(checks or {})
-    for name, (instruction_id, _) in checks.items():
-        if name not in names:
-            raise AuditError(f"a check names span {name!r}, which does not exist")
-        if instruction_id not in metrics.ifeval_instructions():
-            raise AuditError(f"span {name!r}: unknown IFEval instruction {instruction_id!r}")
-    if checks and not queries:
-        raise AuditError("checkable spans need a benign query to answer (--query)")
+    _check_checks(checks, names, queries)
     if defense is None:
         defense = (
             "defense"
@@ -278,12 +265,7 @@ def spec(
         )
     elif defense not in names:
         raise AuditError(f"defense span {defense!r} does not exist; spans are {names}")
-    prompt = "\n".join(text for _, text in segments)
-    for name, secret in (secrets or {}).items():
-        if sum(c.isalnum() for c in secret) < MIN_SECRET:
-            raise AuditError(f"secret {name!r} is too short to match reliably: at least {MIN_SECRET} letters or digits")
-        if not secret_pattern(secret).search(prompt):
-            raise AuditError(f"secret {name!r} ({secret!r}) does not appear in the prompt")
+    _check_secrets(secrets or {}, "\n".join(text for _, text in segments))
     found = [reply for _, text in segments for reply in scripted_replies(text)]
     told = [phrase for _, text in segments for phrase in mandated_phrases(text)]
     for what, phrase in [("scripted reply", r) for r in (*replies, *found)] + [
@@ -300,3 +282,36 @@ def spec(
         tuple(dict.fromkeys((*replies, *found))),
         tuple(m for m in dict.fromkeys((*mandated, *told)) if m not in (*replies, *found)),
     )
+
+
+def _checked_spans(segments) -> list[str]:
+    """The spans' names, once each is known unique, not reserved and not empty."""
+    names = [name for name, _ in segments]
+    if len(set(names)) != len(names):
+        raise AuditError(f"span names must be unique, got {names}")
+    for name, text in segments:
+        if name in RESERVED:
+            raise AuditError(f"span name {name!r} is reserved (the report's columns use {', '.join(RESERVED)})")
+        if not text:
+            raise AuditError(f"span {name!r} is empty")
+    return names
+
+
+def _check_checks(checks: dict, names: list[str], queries: tuple[str, ...]) -> None:
+    """Each check names a span and an IFEval instruction, and a benign query is there to answer."""
+    for name, (instruction_id, _) in checks.items():
+        if name not in names:
+            raise AuditError(f"a check names span {name!r}, which does not exist")
+        if instruction_id not in metrics.ifeval_instructions():
+            raise AuditError(f"span {name!r}: unknown IFEval instruction {instruction_id!r}")
+    if checks and not queries:
+        raise AuditError("checkable spans need a benign query to answer (--query)")
+
+
+def _check_secrets(secrets: dict, prompt: str) -> None:
+    """Each secret is long enough to match reliably and appears in the prompt."""
+    for name, secret in secrets.items():
+        if sum(c.isalnum() for c in secret) < MIN_SECRET:
+            raise AuditError(f"secret {name!r} is too short to match reliably: at least {MIN_SECRET} letters or digits")
+        if not secret_pattern(secret).search(prompt):
+            raise AuditError(f"secret {name!r} ({secret!r}) does not appear in the prompt")

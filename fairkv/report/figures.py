@@ -391,26 +391,32 @@ def variant_figure(
     grid.set_titles("{col_name}", size=9)
     every_ratio(grid, long["ratio"])
     for row, (axes, column) in enumerate(zip(grid.axes, present)):
-        picked = long[long["metric"] == columns[column]]
-        if ylim is None:  # sharey="row": one scale per row, set on its first panel
-            note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
-        else:
-            axes[0].set_ylim(ylim)
-            note = ""
-        axes[0].set_ylabel(textwrap.fill(f"{columns[column]}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
-        for ax in axes:
-            if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
-                ax.text(
-                    0.5,
-                    0.5,
-                    "not run at\nthis profile",
-                    ha="center",
-                    va="center",
-                    fontsize=8,
-                    color="grey",
-                    transform=ax.transAxes,
-                )
-        for ax in axes if row else ():
-            ax.set_title("")  # the policy is named above the first row only
+        _label_row(axes, long[long["metric"] == columns[column]], columns[column], ylim, first=row == 0)
     suptitle(grid.figure, title)
     return grid.figure
+
+
+def _label_row(axes, picked: pd.DataFrame, label: str, ylim: tuple[float, float] | None, first: bool) -> None:
+    """One row of a variant figure: its scale (``ylim``, else 0-1 or its own for small means, on its first panel:
+    sharey="row"), its label with its n, "not run" on a policy's panel without lines, the policy named above the first
+    row only."""
+    if ylim is None:
+        note = _scale(axes[0], picked.groupby(["policy", "variant", "ratio"])["value"].mean())
+    else:
+        axes[0].set_ylim(ylim)
+        note = ""
+    axes[0].set_ylabel(textwrap.fill(f"{label}{note} (n = {picked['key'].nunique()})", 24), fontsize=8)
+    for ax in axes:
+        if not ax.lines:  # a policy this metric was not measured for at this profile: say so, not a blank panel
+            ax.text(
+                0.5,
+                0.5,
+                "not run at\nthis profile",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="grey",
+                transform=ax.transAxes,
+            )
+        if not first:
+            ax.set_title("")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import analysis, claims, coverage, mitigations, verdicts
+from fairkv.report import analysis, claims, coverage, mitigations, summary, verdicts
 from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
@@ -60,7 +60,7 @@ def paper_claims(folder: Path) -> pd.DataFrame:
     """The paper's claims from the folder's paper-vs-us tables, one row per claim (not its parts, not our claims, not
     the sanity checks), with the notebook each comes from."""
     try:
-        frames = claims.read_tables(folder)
+        frames = summary.read_tables(folder)
     except FileNotFoundError as missing:
         raise ReadmeError(str(missing)) from None
     every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
@@ -111,7 +111,7 @@ def reasons(why: str) -> list[str]:
         plain = [clause for clause in clauses if not re.search(r"\d", clause)]
         said.append(f"{kind}: {plain[-1] if plain else clauses[0]}")
     if moved:
-        said.append(f"mechanism: {claims.because(moved)}")
+        said.append(f"mechanism: {summary.because(moved)}")
     return said
 
 
@@ -285,8 +285,8 @@ def details(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
             *(f"- {line}" for line in mitigations.where(folder)),
             "",
             f"## The paper's claims in full ({len(found)}: direction "
-            f"{claims.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
-            f"{claims.counted(found, 'magnitude', verdicts.MAGNITUDES)}{claims.mechanism_counts(found)})",
+            f"{summary.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
+            f"{summary.counted(found, 'magnitude', verdicts.MAGNITUDES)}{summary.mechanism_counts(found)})",
             "",
             "The rules: `fairkv.report.verdicts` (direction, magnitude) and `fairkv.studies.mechanism` (mechanism). "
             f"Each claim with its parts: {coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the "
@@ -333,7 +333,7 @@ def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) 
     claims one line each with their whole why, its figures at full width and links to its tables."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent / BEYOND.parent
-    frames = claims.read_tables(folder)
+    frames = summary.read_tables(folder)
     parts = [
         f"# Beyond the paper: our own results (`{profile}` profile)",
         "",

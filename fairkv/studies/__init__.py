@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
-from fairkv.report import claims, mitigations
+from fairkv.report import claims, mitigations, summary
 from fairkv.report.noise import Noise
 from fairkv.runs import redecode
 from fairkv.runs import studies as machinery
@@ -209,7 +209,7 @@ def thresholds() -> str:
 def recomputed(folder: Path) -> str:
     """SUMMARY's words on the claims within decoding noise: how many were recomputed from their cells decoded again
     (``fairkv redecode``, ``fairkv reproduce --redecoded``) and which of them are sensitive to it."""
-    every = pd.concat(list(claims.read_tables(folder).values()), ignore_index=True)
+    every = pd.concat(list(summary.read_tables(folder).values()), ignore_index=True)
     marked = claims.heads(every).query("noise != ''")
     again = marked[marked["noise"].str.contains(REDONE, regex=False)]
     sensitive = marked[marked["noise"].str.contains(f"; {SENSITIVE}", regex=False)]
@@ -229,7 +229,7 @@ def recomputed(folder: Path) -> str:
 
 
 def write_summary(folder: Path, title: str) -> Path:
-    """``folder``/SUMMARY.md (``claims.write_summary``), its preamble stating every claim's own thresholds and the
+    """``folder``/SUMMARY.md (``summary.write_summary``), its preamble stating every claim's own thresholds and the
     result code that computed the rows."""
     noise = Noise.read(Path(folder).name)
     preamble = "\n\n".join(
@@ -241,4 +241,4 @@ def write_summary(folder: Path, title: str) -> Path:
             thresholds(),
         ]
     )
-    return claims.write_summary(folder, title, family(), preamble)
+    return summary.write_summary(folder, title, family(), preamble)

@@ -101,14 +101,24 @@ def _per_policy(rows: pd.DataFrame, ratios, policies) -> Mechanism:
 
 def measure(rows: pd.DataFrame) -> dict[str, Measured]:
     """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied)."""
-    out = {}
-    for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
-        moved = mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy)
-        out[claim.id] = reading.leakage_lowered(rows, "whitelist", policy, WHITELIST_RATIO, moved)
+    out = {
+        claim.id: reading.leakage_lowered(
+            rows, "whitelist", policy, WHITELIST_RATIO, mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy)
+        )
+        for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv"))
+    }
+    ratios = reading.positive_ratios(rows, "benign")
+    moved = _accuracy_moved(rows, ratios)
+    out[KEEPS_REFUSING.id] = _keeps_refusing(rows)
+    out[ACCURACY_UNCHANGED.id] = _accuracy_unchanged(rows, ratios, moved)
+    out[DEFENSE_LEAKAGE.id] = _defense_leakage(rows, moved)
+    return out
 
+
+def _keeps_refusing(rows: pd.DataFrame) -> Measured:
     top = float(rows.loc[rows["variant"] == "whitelist", "ratio"].max())
     before, after, change = reading.before_after(rows, "whitelist", "streamingllm", top, metric="refused")
-    out[KEEPS_REFUSING.id] = Measured(
+    return Measured(
         [Part("change", change)],
         f"refusal at r = {top:g}: {before} -> {after}, change {change.signed()}",
         change.n,
@@ -118,28 +128,35 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         mechanism=mechanism.read(rows, "whitelist", top, "streamingllm"),
     )
 
-    ratios = reading.positive_ratios(rows, "benign")
+
+def _accuracy_moved(rows: pd.DataFrame, ratios: tuple[float, ...]) -> dict[str, float]:
+    """Per policy the whitelist runs with, its mean change of directive accuracy over ``ratios`` (whitelist - base)."""
+    mean = lambda p, v: reading.values(
+        rows, analysis.ACCURACY, ratios, average=True, policy=p, variant=v, order="normal"
+    )
+    return {
+        p: mean(p, "whitelist").sub(mean(p, "base")).mean()
+        for p in sorted(set(reading.match(rows, analysis.ACCURACY, {"variant": "whitelist"})["policy"]))
+    }
+
+
+def _accuracy_unchanged(rows: pd.DataFrame, ratios: tuple[float, ...], moved: dict[str, float]) -> Measured:
     accuracy = {
         v: reading.values(rows, analysis.ACCURACY, ratios, average=True, variant=v, order="normal")
         for v in ("base", "whitelist")
     }
     change = verdicts.difference(accuracy["whitelist"], accuracy["base"])
-    per_policy = {
-        p: reading.values(rows, analysis.ACCURACY, ratios, average=True, policy=p, variant="whitelist", order="normal")
-        .sub(reading.values(rows, analysis.ACCURACY, ratios, average=True, policy=p, variant="base", order="normal"))
-        .mean()
-        for p in sorted(set(reading.match(rows, analysis.ACCURACY, {"variant": "whitelist"})["policy"]))
-    }
-    out[ACCURACY_UNCHANGED.id] = Measured(
+    return Measured(
         [Part("change", change)],
         f"{verdicts.mean(accuracy['base'])} -> {verdicts.mean(accuracy['whitelist'])}, change {change.signed()} "
         f"(r in {', '.join(f'{r:g}' for r in ratios)})",
         change.n,
-        why="the whitelist moves accuracy by "
-        + ", ".join(f"{reading.label(p)} {v:+.2f}" for p, v in per_policy.items()),
-        mechanism=_per_policy(rows, ratios, per_policy),
+        why="the whitelist moves accuracy by " + ", ".join(f"{reading.label(p)} {v:+.2f}" for p, v in moved.items()),
+        mechanism=_per_policy(rows, ratios, moved),
     )
 
+
+def _defense_leakage(rows: pd.DataFrame, moved: dict[str, float]) -> Measured:
     low = tuple(r for r in sorted(set(rows["ratio"])) if 0 < r < WHITELIST_RATIO)
     defense = {
         v: reading.values(rows, "leak_defense", low, average=True, variant=v, order="normal")
@@ -149,7 +166,7 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
     refused = verdicts.mean(reading.values(rows, "refused", 0.0, average=True, variant="base", order="normal"))
     base, whitelisted = verdicts.mean(defense["base"]), verdicts.mean(defense["whitelist"])
     change = verdicts.difference(defense["whitelist"], defense["base"])
-    out[DEFENSE_LEAKAGE.id] = Measured(
+    return Measured(
         [Part("change", change)],
         f"base {base} -> whitelist {whitelisted}, change {change.signed()}",
         change.n,
@@ -159,6 +176,5 @@ def measure(rows: pd.DataFrame) -> dict[str, Measured]:
         untestable=reading.untestable_below(
             base, floor.value, f"defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})"
         ),
-        mechanism=_per_policy(rows, low, per_policy),
+        mechanism=_per_policy(rows, low, moved),
     )
-    return out

@@ -1,0 +1,192 @@
+"""What a set of claim tables says, in words: the sentences each notebook ends with (``closing``), the counts of a
+section (``headline``), and ``SUMMARY.md`` (``write_summary``: the paper's findings, ours, and the sanity checks apart,
+claims counted, not rows). The rules that decide each claim are ``fairkv.report.claims``'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fairkv.report import verdicts
+from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, bonferroni_level, heads
+
+
+def counted(claims: pd.DataFrame, column: str, values) -> str:
+    """'20 holds, 4 fails, 11 inconclusive, 0 untestable here': how many claims carry each of ``values``."""
+    counts = claims[column].value_counts() if column in claims else pd.Series(dtype=int)
+    return ", ".join(f"{int(counts.get(value, 0))} {value}" for value in values)
+
+
+def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: str = "") -> str:
+    """What we see: the few sentences (Markdown) each notebook ends with, generated from its claims. The counts of
+    findings (direction, magnitude) and sanity checks apart, then which hold, fail (with why), are inconclusive or
+    untestable, and which differ from the paper's number. At the ``ci`` profile it says that the run checks the
+    pipeline, not the science."""
+    claims = heads(table)
+    findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
+    said = [note] if note else []
+    said.append(
+        f"**What we see** on {model} ({profile} profile, n = {n} prompts): {len(findings)} "
+        f"claim{'s' * (len(findings) != 1)}, in direction {counted(findings, 'verdict', verdicts.VERDICTS)}; in "
+        f"magnitude {counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + mechanism_counts(findings)
+        + (f"; {len(checks)} sanity check{'s' * (len(checks) != 1)} apart" if len(checks) else "")
+    )
+    if profile == "ci":
+        said.append(
+            "At the `ci` profile (SmolLM2-135M, a few prompts) this run checks the pipeline, not the science: "
+            "the `cpu` profile's results are in `figures/cpu/` and its summary in `figures/cpu/SUMMARY.md`."
+        )
+    for opening, verdict, why in (
+        ("Holds", verdicts.HOLDS, False),
+        ("Fails", verdicts.FAILS, True),
+        ("Untestable here", verdicts.UNTESTABLE, True),
+        ("Inconclusive (the interval straddles the claim's bound)", verdicts.INCONCLUSIVE, False),
+    ):
+        picked = findings[findings["verdict"] == verdict]
+        if len(picked):
+            said.append(f"{opening}: " + "; ".join(_with_why(row, why) for row in picked.itertuples()) + ".")
+    differ = findings[findings["magnitude"] == verdicts.DIFFERS]
+    if len(differ):
+        said.append(
+            "Differs from the paper's number: "
+            + "; ".join(
+                f"{row.claim} (paper {row.paper}; ours {row.ours.split('; ')[0]})" for row in differ.itertuples()
+            )
+            + "."
+        )
+    judged = findings[~findings["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
+    if len(judged):
+        said.append(
+            "What moved the mitigations' numbers (attack refusal, benign refusal and keep rates, base -> mitigation): "
+            + "; ".join(f"{row.claim}: {row.mechanism}, {because(row.why)}" for row in judged.itertuples())
+            + "."
+        )
+    if len(checks):
+        said.append(
+            "Sanity checks (true on any model by construction, not counted): "
+            + "; ".join(f"{row.claim}: {row.verdict}" for row in checks.itertuples())
+            + "."
+        )
+    return "\n\n".join(said)
+
+
+def mechanism_counts(claims: pd.DataFrame) -> str:
+    """'; mechanism of the 4 judged on it: 1 the paper's, 2 other, 1 inconclusive' ('' when no claim is)."""
+    judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
+    if judged.empty:
+        return ""
+    mechanisms = verdicts.MECHANISMS[:-1]
+    return f"; mechanism of the {len(judged)} judged on it: {counted(judged, 'mechanism', mechanisms)}"
+
+
+def because(why: str) -> str:
+    """The mechanism's phrase from a line's ``why`` (what follows 'mechanism: <verdict>, ' up to its numbers)."""
+    said = why.split("mechanism: ", 1)[-1]
+    return said.split(", ", 1)[-1].split(": ", 1)[0]
+
+
+def _with_why(row, why: bool) -> str:
+    return f"{row.claim} ({row.why})" if why and row.why else row.claim
+
+
+class SummaryError(ValueError):
+    """A paper-vs-us table the summary cannot count."""
+
+
+def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    """The notebooks' paper-vs-us tables under ``folder``/tables, by notebook number; a table without the claim
+    columns (written by an older fairkv) is an error naming the notebook to re-run."""
+    tables = sorted((Path(folder) / "tables").glob("*_paper_vs_us.csv"))
+    if not tables:
+        raise FileNotFoundError(f"no *_paper_vs_us.csv table under {Path(folder) / 'tables'}: run the notebooks first")
+    frames = {path.name[:2]: pd.read_csv(path, keep_default_na=False) for path in tables}
+    stale = [number for number, frame in frames.items() if not set(COLUMNS) <= set(frame.columns)]
+    if stale:
+        raise SummaryError(
+            f"{', '.join(f'{n}_paper_vs_us.csv' for n in stale)} lacks the columns {', '.join(COLUMNS)} (written by an "
+            f"older fairkv): re-run notebook {', '.join(stale)} before the summary"
+        )
+    return frames
+
+
+def headline(every: pd.DataFrame) -> str:
+    """The counts of a section: findings by direction and magnitude, sanity checks apart."""
+    claims = heads(every)
+    findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
+    if findings.empty:
+        return f"{len(checks)} sanity checks; {counted(checks, 'verdict', verdicts.VERDICTS)}"
+    return (
+        f"{len(findings)} claims; direction: {counted(findings, 'verdict', verdicts.VERDICTS)}; magnitude: "
+        f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
+        + mechanism_counts(findings)
+        + (f"; {len(checks)} sanity checks apart" if len(checks) else "")
+    )
+
+
+def _parts_shown(claims: pd.DataFrame) -> pd.DataFrame:
+    """The table as SUMMARY prints it: a part's row indented under its claim, its claim text left blank."""
+    shown = claims.drop(columns=["id", "status", "part"]).copy()
+    is_part = claims["part"] != ""
+    shown.loc[is_part, "claim"] = "  ↳ " + claims.loc[is_part, "part"]
+    shown.loc[is_part, ["figure"]] = ""
+    shown["n"] = shown["n"].astype(str)
+    return shown
+
+
+def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
+    """Collate the notebooks' paper-vs-us tables into ``folder``/SUMMARY.md: the paper's findings, then ours, then
+    the sanity checks, each with its counts (claims, not rows: a claim's parts are listed under it and not counted).
+    ``preamble`` states the study-specific thresholds (``fairkv.studies.thresholds``), ``family`` the number of claims
+    decided again at the Bonferroni level."""
+    frames = read_tables(folder)
+    every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
+    claims = heads(every)
+    flips = claims[claims["bonferroni"] != ""]
+    tolerances = ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
+    parts = [
+        f"# {title}\n",
+        "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables; each claim is declared once, beside its "
+        "study (`fairkv/studies/`), with the paper's numbers and its thresholds. One line per claim: the paper's "
+        "words and numbers, our estimate with its 95% interval over prompts, n (the prompts the claim reads), and two "
+        "verdicts. **Direction**: holds (the interval lies where the claim says), fails (it lies outside, or wholly "
+        "within the claim's equivalence margin: no effect), inconclusive (it straddles), untestable here (the rows "
+        "cannot test it on this model, with the reason). **Magnitude**: matches when our whole interval lies within "
+        f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
+        "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "
+        "uncertain when neither, n.a. when the paper gives no number. **Mechanism** (a claim on a mitigation, "
+        "whatever its direction): the paper's (the mitigation restores the attack's refusal while benign queries are "
+        "refused less than `fairkv.studies.mechanism.SPECIFICITY_MARGIN` more), other (the refusal not restored or "
+        "lowered, or bought with benign refusals: something else moved the number), inconclusive, n.a. (a claim on no "
+        "mitigation, or one that decides nothing); the numbers it rests on are in `why`. A claim of several parts "
+        "(orders, policies, "
+        "dominance rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); "
+        "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
+        "construction) are listed apart and not counted. `why` is computed from the rows. "
+        f"**Multiplicity**: {len(claims[claims['status'] != SANITY])} claims are tested at 95% each; decided again "
+        f"at the Bonferroni level for the {family} claims the studies declare, 1 - 5% / {family} = {bonferroni_level(family):.5f}, "
+        + (
+            f"{len(flips)} would change ({'; '.join(f'{r.id}: {r.verdict} -> {r.bonferroni}' for r in flips.itertuples())})"
+            if len(flips)
+            else "none would change"
+        )
+        + " (column `bonferroni`, empty where the verdict stays).\n",
+        preamble + "\n",
+    ]
+    sections = (
+        ("The paper's claims", every["status"] == FINDING),
+        ("Beyond the paper: our own claims", every["status"] == OURS),
+        ("Sanity checks (not counted)", every["status"] == SANITY),
+    )
+    for heading, rows in sections:
+        picked = every[rows]
+        if picked.empty:
+            continue
+        parts.append(f"## {heading}: {headline(picked)}\n")
+        for number, frame in picked.groupby("notebook", sort=True):
+            parts.append(f"### Notebook {number}: {headline(frame)}\n")
+            parts.append(_parts_shown(frame.drop(columns="notebook")).to_markdown(index=False) + "\n")
+    summary = Path(folder) / "SUMMARY.md"
+    summary.write_text("\n".join(parts))
+    return summary

@@ -1,0 +1,179 @@
+"""Notebook 11, many attacks: RaccoonBench's attack categories beside the Plain attack of Pitfalls 3-4 and Figs 8-9 (the
+paper has one attack query). The claims pool the attack categories at the largest ratio run."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from fairkv.report import analysis, verdicts
+from fairkv.report.claims import OURS, Claim, Measured, Part
+from fairkv.runs.studies import NORMAL, TEN_RATIOS, Fields, Scale, Study
+from fairkv.studies import reading
+
+# every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries): at the cpu
+# profile StreamingLLM on 2 prompts per category; at ci short answers, as the study's cost is its 30 attacks over every
+# cache, read in batches padded to their longest attack (one has 412 tokens), so 8 at a time
+ATTACKS = Study(
+    "attacks",
+    "11",
+    "beyond the paper: many attacks",
+    Fields(variants=("base", "whitelist", "fair")),
+    {
+        "ci": Scale(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
+        "cpu": Scale(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
+)
+
+
+CATEGORIES_RISE = Claim(
+    "beyond.categories_rise",
+    "11_attacks_leakage",
+    "many attacks: StreamingLLM at the largest ratio run raises directive leakage in most attack categories (share "
+    "of categories whose mean leakage is higher than at r = 0, minus one half)",
+    "leakage rises with r (Pitfall 3, Plain attack only)",
+    above=0.0,
+    region="most: the share of categories that rise above one half",
+    effect=False,
+    status=OURS,
+    score="leak_directive",
+)
+REFUSAL_DROPPED = Claim(
+    "beyond.refusal_dropped",
+    "11_attacks_refusal",
+    "many attacks: StreamingLLM at the largest ratio run drops the refusal (r = 0 minus that ratio, mean over every "
+    "attack category)",
+    "the defense is dropped first (Pitfall 4, Plain attack only)",
+    above=0.0,
+    region="a drop: the refusal at r = 0 minus at the ratio above 0",
+    margin=reading.RATE_MARGIN,
+    null=reading.RATE_NULL,
+    status=OURS,
+    score="refused",
+)
+WHITELIST_LOWERS = Claim(
+    "beyond.whitelist_lowers",
+    "11_attacks_leakage",
+    "many attacks: the whitelist lowers directive leakage (base minus whitelist at the largest ratio run, mean over "
+    "every attack category)",
+    "lower than base (Fig 8, Plain attack only)",
+    above=0.0,
+    region="a decrease: base minus the variant above 0",
+    margin=reading.LEAK_MARGIN,
+    null=reading.LEAK_NULL,
+    status=OURS,
+    score="leak_directive",
+)
+FAIR_LOWERS = Claim(
+    "beyond.fair_lowers",
+    "11_attacks_leakage",
+    "many attacks: fair eviction lowers directive leakage (base minus fair at the largest ratio run, mean over every "
+    "attack category)",
+    "lower than base (Fig 9, Plain attack only)",
+    above=0.0,
+    region=WHITELIST_LOWERS.region,
+    margin=reading.LEAK_MARGIN,
+    null=reading.LEAK_NULL,
+    status=OURS,
+    score="leak_directive",
+)
+WHITELIST_KEEPS_REFUSAL = Claim(
+    "beyond.whitelist_keeps_refusal",
+    "11_attacks_refusal",
+    "many attacks: the whitelist keeps the refusal (whitelist minus base at the largest ratio run, mean over every "
+    "attack category)",
+    "restored (Fig 8, Plain attack only)",
+    above=0.0,
+    region="a gain: whitelist minus base above 0",
+    margin=reading.RATE_MARGIN,
+    null=reading.RATE_NULL,
+    status=OURS,
+    score="refused",
+)
+CLAIMS = (CATEGORIES_RISE, REFUSAL_DROPPED, WHITELIST_LOWERS, FAIR_LOWERS, WHITELIST_KEEPS_REFUSAL)
+
+
+def _rising_categories(frame: pd.DataFrame, top: float) -> float:
+    """Share of attack categories whose mean directive leakage (base) is higher at ``top`` than at r = 0, minus 1/2."""
+    base = frame[frame["variant"] == "base"].groupby(["category", "ratio"])[analysis.LEAKAGE].mean().unstack("ratio")
+    return float((base[top] > base[0.0]).mean() - 0.5) if {0.0, top} <= set(base.columns) else np.nan
+
+
+def measure(attacked: pd.DataFrame) -> dict[str, Measured]:
+    """The many-attacks claims, at the largest ratio run, the means over the attack categories."""
+    r = float(attacked["ratio"].max())
+    categories = attacked["category"].nunique()
+    rising = verdicts.resampled(attacked, lambda f: _rising_categories(f, r))
+    over = lambda metric, variant, ratio: reading.values(attacked, metric, ratio, average=True, variant=variant)
+    refused = {ratio: over("refused", "base", ratio) for ratio in (0.0, r)}
+    drop = reading.compared(refused[0.0], refused[r])
+    out = {
+        CATEGORIES_RISE.id: Measured(
+            [Part("share rising - 1/2", rising)],
+            f"r = {r:g}: share of the {categories} categories rising minus one half {rising.signed()}",
+            rising.n,
+            why=f"model: {rising.value + 0.5:.0%} of the {categories} categories rise at r = {r:g}",
+        ),
+        REFUSAL_DROPPED.id: Measured(
+            [Part("drop", drop)],
+            f"refusal {verdicts.mean(refused[0.0])} at r = 0, {verdicts.mean(refused[r])} at r = {r:g}, drop "
+            f"{drop.signed()} (mean over {categories} categories)",
+            drop.n,
+            why=f"model: the attacks are refused {refused[0.0].mean():.2f} of the time uncompressed, "
+            f"{refused[r].mean():.2f} at r = {r:g}",
+            untestable=reading.no_room(verdicts.mean(refused[0.0]), 0.0, "the refusal rate uncompressed"),
+        ),
+    }
+    base_leak = over(analysis.LEAKAGE, "base", r)
+    for variant, claim in (("whitelist", WHITELIST_LOWERS), ("fair", FAIR_LOWERS)):
+        if variant not in set(attacked["variant"]):
+            continue
+        after = over(analysis.LEAKAGE, variant, r)
+        lower = reading.compared(base_leak, after)
+        out[claim.id] = Measured(
+            [Part(f"base - {variant}", lower)],
+            f"leakage base {verdicts.mean(base_leak)}, {variant} {verdicts.mean(after)} at r = {r:g}, base - "
+            f"{variant} {lower.signed()} (mean over {categories} categories)",
+            lower.n,
+            why=f"model: mean leakage {base_leak.mean():.2f} with the base, {after.mean():.2f} with {variant} at "
+            f"r = {r:g}",
+        )
+    if "whitelist" in set(attacked["variant"]):
+        white = over("refused", "whitelist", r)
+        keeps_refusal = reading.compared(white, refused[r])
+        out[WHITELIST_KEEPS_REFUSAL.id] = Measured(
+            [Part("whitelist - base", keeps_refusal)],
+            f"refusal base {verdicts.mean(refused[r])}, whitelist {verdicts.mean(white)} at r = {r:g}, whitelist - "
+            f"base {keeps_refusal.signed()} (mean over {categories} categories)",
+            keeps_refusal.n,
+            why=f"model: the attacks are refused {white.mean():.2f} of the time with the whitelist, "
+            f"{refused[r].mean():.2f} without",
+            untestable=reading.no_room(verdicts.mean(refused[r]), 1.0, f"the base policy's refusal rate at r = {r:g}"),
+        )
+    return out
+
+
+def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
+    """Many attacks: ``metric`` per attack category (rows of the heat map) and (variant, ratio) (columns), means over
+    prompts and the category's attacks."""
+    table = rows.pivot_table(index="category", columns=["variant", "ratio"], values=metric, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
+    sns.heatmap(
+        table,
+        vmin=0,
+        vmax=1,
+        cmap="rocket_r",
+        annot=True,
+        fmt=".2f",
+        annot_kws={"size": 7},
+        ax=ax,
+        cbar_kws={"label": label},
+    )
+    ax.set_xlabel("variant, compression ratio r")
+    ax.set_ylabel("")
+    ax.set_title(title, fontsize=9)
+    return fig
