@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import fairkv.studies
 from fairkv.core.paths import synthetic_dir
 from fairkv.report import claims as claim_lines
-from fairkv.report import coverage, readme, verdicts
+from fairkv.report import coverage, readme, summary, verdicts
 from fairkv.runs import studies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +42,13 @@ def test_the_readme_results_section_is_the_committed_tables():
     assert written == readme.section(CPU, link_from=ROOT)
     assert not _links_resolve(written, ROOT)
     assert "Fig 4" in written and "![03_fig4_compliance]" in written and "### Known confounds" in written
-    for page, text in ((readme.DETAILS, readme.details), (readme.BEYOND, readme.beyond)):
+    pages = {
+        readme.DETAILS: lambda where: readme.details(CPU, link_from=where, models=fairkv.studies.figure_models("cpu")),
+        readme.BEYOND: lambda where: readme.beyond(CPU, link_from=where),
+    }
+    for page, text in pages.items():
         committed = (ROOT / page).read_text()
-        assert committed == text(CPU, link_from=(ROOT / page).parent), page
+        assert committed == text((ROOT / page).parent), page
         assert not _links_resolve(committed, (ROOT / page).parent), page
         _tables_whole(committed)
     assert "| Table 4 |" in (ROOT / readme.DETAILS).read_text()
@@ -168,7 +173,7 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
         verdicts.OTHER,
         "model: echoes; mechanism: other, benign queries refused more: benign refused 0.01 -> 0.36",
     ]
-    cpu = claim_lines.closing(claims, "qwen", "cpu", 100).split("\n\n")
+    cpu = summary.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
         "**What we see** on qwen (cpu profile, n = 100 prompts): 3 claims, in direction 1 holds, 1 fails, "
         "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; mechanism "
@@ -181,13 +186,14 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
         "a: other, benign queries refused more.",
         "Sanity checks (true on any model by construction, not counted): e: holds.",
     ]
-    ci = claim_lines.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
+    ci = summary.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
     assert ci[0] == "SYNTHETIC data (pipeline check)" and ci[2].startswith("At the `ci` profile")
     assert not any("pipeline, not the science" in line for line in cpu)
 
 
 def test_coverage_reads_each_item_off_the_folder(tmp_path):
-    """An item with its files is produced from real data, on the profile's model; LongBench's figures in the synthetic
+    """An item with its files is produced from real data, on the profile's model (Fig 10 on the second model the
+    studies name); LongBench's figures in the synthetic
     folder beside are a pipeline check, said so; an item whose file is absent is missing (its notebook has not run);
     one without files is not produced, with its reason and no model; Table 4's file absent, it is missing."""
     folder = tmp_path / "cpu"  # a folder named after its profile, as figures/cpu/ is
@@ -209,6 +215,9 @@ def test_coverage_reads_each_item_off_the_folder(tmp_path):
     (folder / "08_fig19_trec_1k.png").write_bytes(b"png")  # from LongBench's real data
     assert coverage.table(folder).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
     assert coverage.table(tmp_path).set_index("item").loc["Fig 7", "model"] == ""  # no profile's folder
+    (folder / "04_fig10_keep_rates.png").write_bytes(b"png")  # Fig 10: a second model, as the studies name it
+    named = coverage.table(folder, models=fairkv.studies.figure_models("cpu")).set_index("item")
+    assert named.loc["Fig 10", "model"] == "smollm2-135m" and named.loc["Fig 7", "model"] == "qwen2.5-coder-1.5b"
     with pytest.raises(coverage.CoverageError, match="neither an item of the paper"):
         coverage.first_file(folder, "Figure 4")
 
@@ -229,10 +238,8 @@ def test_summary_headline_recounts_from_the_claim_declarations():
     with the function that wrote it): every line is a declared claim with its declared status, each claim once, every
     declared claim of the notebooks that ran is there, and the counts of each section are those of its claims (not of
     their parts)."""
-    import fairkv.studies
-
     declared = {claim.id: claim for claim in fairkv.studies.declared()}
-    frames = claim_lines.read_tables(CPU)
+    frames = summary.read_tables(CPU)
     every = pd.concat(frames.values(), ignore_index=True)
     heads = every[every["part"] == ""]
     assert heads["id"].is_unique and set(heads["id"]) <= set(declared)
@@ -240,7 +247,7 @@ def test_summary_headline_recounts_from_the_claim_declarations():
     ran = {fairkv.studies.MODULES[number] for number in frames}
     unmeasured = {i for i, claim in declared.items() if i.split(".")[0] in ran} - set(heads["id"])
     assert unmeasured <= {"trec.defense_weak_3k", "trec.weaker_2k"}  # the cpu profile runs TREC's 1k bucket only
-    summary = (CPU / "SUMMARY.md").read_text()
+    written = (CPU / "SUMMARY.md").read_text()
     for heading, status in (("The paper's claims", "finding"), ("Beyond the paper: our own claims", "ours")):
         picked = heads[heads["status"] == status]
         directions = picked["verdict"].value_counts()
@@ -251,5 +258,5 @@ def test_summary_headline_recounts_from_the_claim_declarations():
             + "; magnitude: "
             + ", ".join(f"{sizes.get(v, 0)} {v}" for v in ("matches", "differs", "too uncertain", "n.a."))
         )
-        assert expected in summary, expected
-    assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in summary
+        assert expected in written, expected
+    assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in written

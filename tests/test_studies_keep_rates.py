@@ -148,3 +148,28 @@ def test_tova_keeps_the_defense_within_the_keep_margin():
         rows = rows_of({**keeps, ("tova", "normal"): (defense, ALIKE)})
         assert claim_lines(rows).loc[tova, "verdict"] == expected, defense
     assert KEEP_NULL in keep_rates.TOVA_DEFENSE.region  # the threshold's reason is declared with it
+
+
+def test_claims_read_on_a_second_model_part_by_part():
+    """Fig 10: the claims are read on the second model's rows too, a part per model, all must hold: K-Norm favouring
+    the earlier span on the first model but keeping both alike on the second fails (a null there); the paper's
+    keep rates are compared with the first model's; the same model's rows twice (the ci profile) are read once."""
+    alike = {(p, o): (ALIKE, ALIKE) for p in POLICIES for o in ("normal", "flipped")}
+    earlier = {**alike, ("knorm", "normal"): (HIGH, LOW), ("knorm", "flipped"): (LOW, HIGH)}  # (defense, directive)
+    first, second = rows_of(earlier).assign(model="qwen"), rows_of(alike).assign(model="smollm2")
+    table = paper_vs_us(keep_rates, first, second)
+    knorm = table[table["id"] == keep_rates.KNORM_EARLIER.id]
+    assert knorm["part"].tolist() == [
+        "",
+        "normal: defense - directive, qwen",
+        "flipped: directive - defense, qwen",
+        "normal: defense - directive, smollm2",
+        "flipped: directive - defense, smollm2",
+    ]
+    assert knorm["verdict"].tolist() == [FAILS, HOLDS, HOLDS, FAILS, FAILS]
+    assert knorm["ours"].iloc[0].startswith("qwen: normal: defense ") and "; smollm2: normal: " in knorm["ours"].iloc[0]
+    alone = heads(paper_vs_us(keep_rates, first)).set_index("id")["verdict"]
+    both, knorm_id = heads(table).set_index("id")["verdict"], keep_rates.KNORM_EARLIER.id
+    assert (alone[knorm_id], both[knorm_id]) == (HOLDS, FAILS) and alone.drop(knorm_id).equals(both.drop(knorm_id))
+    once = paper_vs_us(keep_rates, first, first.copy())
+    assert once.equals(paper_vs_us(keep_rates, first))

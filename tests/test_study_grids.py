@@ -24,13 +24,14 @@ TUPLES = ("orders", "policies", "variants", "lams", "ratios", "queries")
 
 @pytest.mark.parametrize("chosen, profile", SWEEPS, ids=[f"{c.name}-{p}" for c, p in SWEEPS])
 def test_each_grid_is_the_profiles_cut_of_the_papers(chosen, profile):
-    """Every grid runs on its profile's model and precision, sets the fields its axes and scale declare (the scale over
+    """Every grid runs on its profile's precision and model (or the second model its scale names: Fig 10), sets the
+    fields its axes and scale declare (the scale over
     the axes, the profile below both), reads r = 0 (every claim's uncompressed reference), keeps the whitelist at
     r <= 0.7 (Section 5.1: beyond it the whitelist no longer fits the budget), and at ci and cpu is a part of the
     paper profile's grid: orders, policies, lambdas (ci checks the pipeline at lambda 0, 0.5, 1), ratios and queries
     among the paper's, its variants the paper's, no more prompts or new tokens."""
     base, grid, paper = PROFILES[profile], chosen.grid(profile), chosen.grid("paper")
-    assert (grid.model, grid.dtype) == (base.model, base.dtype)
+    assert grid.dtype == base.dtype and grid.model == chosen.scale[profile].get("model", base.model)
     declared = {**base.__dict__, **chosen.axes, **chosen.scale.get(profile, Scale())}
     assert {name: getattr(grid, name) for name in declared} == declared
     assert grid.ratios[0] == 0.0 and list(grid.ratios) == sorted(grid.ratios)

@@ -12,6 +12,7 @@ figure links come from here (``fairkv.report.readme``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,13 @@ PAPER_ITEMS = (
     ),
     Item("Fig 8", "whitelist before / after", "05", ("05_fig8_whitelist",)),
     Item("Fig 9", "fair eviction before / after", "06", ("06_fig9_fair",)),
-    Item("Fig 10", "Fig 7 on Qwen", "04", ("04_fig7_keep_rates",), "one model here: the same figure as Fig 7"),
+    Item(
+        "Fig 10",
+        "Fig 7 on a second model",
+        "04",
+        ("04_fig10_keep_rates",),
+        "a second architecture (the paper's is Qwen2.5-14B): keep rates need no instruction following",
+    ),
     Item("Figs 11-12", "", note=NOT_IN_CHECKLIST),
     Item(
         "Fig 13",
@@ -171,18 +178,20 @@ def status(item: Item, folder: Path) -> str:
     return REAL
 
 
-def model(item: Item, profile: str) -> str:
-    """The model ``item``'s files are on at ``profile``: the profile's (every study runs on its profile's model: a test
-    checks the declarations); "" for an item not produced or a folder that is no profile's."""
+def model(item: Item, profile: str, models: Mapping[str, str] | None = None) -> str:
+    """The model ``item``'s files are on at ``profile``: as ``models`` names it for its files (figure name -> model,
+    ``fairkv.studies.figure_models``), else the profile's; "" for an item not produced or a folder that is no
+    profile's."""
     if not item.files or profile not in studies.PROFILES:
         return ""
-    return studies.PROFILES[profile].model
+    named = [models[stem] for stem in item.files if models and stem in models]
+    return ", ".join(dict.fromkeys(named)) or studies.PROFILES[profile].model
 
 
-def table(folder: Path, link_from: Path | None = None) -> pd.DataFrame:
+def table(folder: Path, link_from: Path | None = None, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per item of the paper: the item, what it shows, its status, the model it is on (at the profile the
-    folder is named after), the notebook, our files (Markdown links relative to ``link_from`` when given, else names)
-    and the note (what synthetic data made of it, where it did)."""
+    folder is named after; ``models``: see ``model``), the notebook, our files (Markdown links relative to
+    ``link_from`` when given, else names) and the note (what synthetic data made of it, where it did)."""
     out = []
     for item in PAPER_ITEMS:
         files = [path for stem in item.files for path in found(folder, stem)]
@@ -194,7 +203,7 @@ def table(folder: Path, link_from: Path | None = None) -> pd.DataFrame:
                 "item": item.item,
                 "shows": item.shows,
                 "status": said,
-                "model": model(item, Path(folder).name),
+                "model": model(item, Path(folder).name, models),
                 "notebook": item.notebook,
                 "ours": shown,
                 "note": why.get(said, item.note),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -266,8 +267,11 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
     )
 
 
-def details(folder: Path, profile: str = PROFILE, link_from: Path | None = None) -> str:
-    """The results page (``DETAILS``) for the tables in ``folder``, links relative to ``link_from`` (its folder)."""
+def details(
+    folder: Path, profile: str = PROFILE, link_from: Path | None = None, models: Mapping[str, str] | None = None
+) -> str:
+    """The results page (``DETAILS``) for the tables in ``folder``, links relative to ``link_from`` (its folder);
+    ``models`` names the model of each figure not on the profile's (``fairkv.studies.figure_models``)."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent / DETAILS.parent
     found = paper_claims(folder)
@@ -299,7 +303,7 @@ def details(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
             *figures_at_full_width(folder, link_from, [(item, f"{item}:") for item in GALLERY]),
             "## Coverage: every figure and table of the paper",
             "",
-            markdown(coverage.table(folder, link_from)),
+            markdown(coverage.table(folder, link_from, models)),
             "",
         ]
     )
@@ -377,18 +381,22 @@ def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) 
     return "\n".join(parts)
 
 
-def write(readme: Path, folder: Path, profile: str = PROFILE) -> Path:
+def write(readme: Path, folder: Path, profile: str = PROFILE, models: Mapping[str, str] | None = None) -> Path:
     """Replace the text between ``BEGIN`` and ``END`` in ``readme`` with ``section``, and write the results page
-    (``details``, ``DETAILS``) and the page beyond the paper (``beyond``, ``BEYOND``) beside it."""
+    (``details``, ``DETAILS``, with ``models``) and the page beyond the paper (``beyond``, ``BEYOND``) beside it."""
     readme = Path(readme)
     text = readme.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise ReadmeError(f"{readme} needs one {BEGIN!r} line and, after it, one {END!r} line")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
-    for page, text in ((DETAILS, details), (BEYOND, beyond)):
+    pages = {
+        DETAILS: lambda where: details(folder, profile, where, models),
+        BEYOND: lambda where: beyond(folder, profile, where),
+    }
+    for page, text in pages.items():
         (readme.parent / page).parent.mkdir(parents=True, exist_ok=True)
-        (readme.parent / page).write_text(text(folder, profile, (readme.parent / page).parent))
+        (readme.parent / page).write_text(text((readme.parent / page).parent))
     readme.write_text(f"{head}{BEGIN}\n{section(folder, profile, readme.parent)}\n{END}{tail}")
     return readme
 

@@ -302,7 +302,7 @@ def added_cells(profile: str, sweeps: list[Study]) -> dict[str, tuple[int, Count
                 range(part.start, part.start + n), part.orders, part.settings(), part.queries
             ):
                 total += 1
-                cell = (part.dataset, part.template, key, order, s, q, part.tokens_for(q))
+                cell = (part.model, part.dataset, part.template, key, order, s, q, part.tokens_for(q))
                 if cell not in seen:
                     seen.add(cell)
                     fresh[(q, part.tokens_for(q))] += 1

@@ -1,12 +1,12 @@
 """One module per notebook: its studies (``STUDIES``: each a ``fairkv.runs.studies.Study``, its axes and its scale
-at each profile), its minutes (``MINUTES``), the claims it tests, declared once as data (``fairkv.report.claims.Claim``),
-and how it measures them from its rows (``measure``). ``MODULES`` is the index (notebook -> module): adding a study
-touches its module, its notebook and, for a new notebook, one line of it.
+at each profile), its minutes (``MINUTES``), the claims it tests, declared once as data
+(``fairkv.report.claims.Claim``), and how it measures them from its rows (``measure``). ``MODULES`` is the index
+(notebook -> module): adding a study touches its module, its notebook and, for a new notebook, one line of it.
 
 ``paper_vs_us`` turns a study's measurements into its table, one line per claim; ``family`` counts the claims every
 study declares (the Bonferroni family); ``thresholds`` states each claim's own bounds and margins with their reasons
 (SUMMARY's preamble); ``every`` / ``study`` / ``sweeps`` the studies by name, ``expected_minutes`` what ``fairkv
-reproduce`` announces."""
+reproduce`` announces, ``figure_models`` the model each figure is on."""
 
 from __future__ import annotations
 
@@ -95,6 +95,19 @@ def expected_minutes(profile: str, notebooks: list[str]) -> tuple[str, dict[str,
         return None
     minutes = {"00": QUICKSTART_MINUTES[profile]} | {n: module(n).MINUTES[profile] for n in MODULES}
     return MINUTES_KIND[profile], {n: minutes[n] for n in notebooks if n in minutes}
+
+
+def figure_models(profile: str) -> dict[str, str]:
+    """The model each study's figures and tables are on at ``profile`` (figure name -> model; a plan of its own
+    names its model where it has one, else the profile's): the coverage table's model column."""
+    found = {}
+    for chosen in every().values():
+        if profile not in chosen.scale:
+            continue
+        scale = chosen.scale[profile]
+        model = chosen.grid(profile).model if chosen.axes is not None else getattr(scale, "model", None)
+        found |= {figure: model or machinery.profile(profile).model for figure in chosen.figures}
+    return found
 
 
 def declared() -> list[claims.Claim]:

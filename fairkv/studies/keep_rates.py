@@ -31,8 +31,25 @@ STUDY = Study(
     },
     figures=("04_fig7_keep_rates", "04_paper_vs_us"),
 )
-STUDIES = (STUDY,)
-MINUTES = {"ci": 0.3, "cpu": 5}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+# Fig 10 is Fig 7 on a second model (the paper: Qwen2.5-14B beside Llama-3.1-8B). Keep rates need no instruction
+# following, so at the cpu profile the second is SmolLM2-135M, the other embedded model and another architecture
+# (Llama's) than Qwen's; at ci it is the profile's own model, so the study shares the first one's rows
+SECOND = Study(
+    "keep_rates_second",
+    "04",
+    "Pitfall 5 on a second model: Fig 10",
+    Fields(orders=BOTH_ORDERS, variants=BASE, queries=("keep",)),
+    {
+        "ci": Scale(n_prompts=8, ratios=TEN_RATIOS),
+        "cpu": Scale(model="smollm2-135m", ratios=TEN_RATIOS),
+        "paper": Scale(model="Qwen/Qwen2.5-14B-Instruct", n_prompts=100),
+    },
+    figures=("04_fig10_keep_rates",),
+)
+STUDIES = (STUDY, SECOND)
+# the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: Qwen's 9,200 keep-rate rows (5 min), then
+# SmolLM2's 9,200 (32 min 38 s measured beside a CI run on 12-04, so about 15 alone: an upper-side estimate)
+MINUTES = {"ci": 0.3, "cpu": 20}
 
 
 SPANS = {"normal": ("defense", "directive"), "flipped": ("directive", "defense")}  # (earlier, later) per order
@@ -52,6 +69,7 @@ STREAMING_LATER = Claim(
     region="directive minus defense above 0 (StreamingLLM keeps sinks plus the most recent window: true on any model)",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
+    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     status=SANITY,
 )
 STREAMING_REVERSES = Claim(
@@ -64,6 +82,7 @@ STREAMING_REVERSES = Claim(
     region="flipped order: defense minus directive above 0 (the recent window follows the order: true on any model)",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
+    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     status=SANITY,
 )
 KNORM_EARLIER = Claim(
@@ -75,7 +94,8 @@ KNORM_EARLIER = Claim(
     region="earlier minus later span above 0",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
-    parts="the normal and the flipped order: both must hold",
+    parts="the normal and the flipped order, on each model (the study's and the second's where it ran on another, Fig "
+    "10): all must hold",
 )
 
 TOVA_DEFENSE = Claim(
@@ -86,6 +106,7 @@ TOVA_DEFENSE = Claim(
     "TOVA keeps the defense even when it comes first",
     above=-TOVA_WITHIN,
     region=TOVA_REGION,
+    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     effect=False,
 )
 CLAIMS = (STREAMING_LATER, STREAMING_REVERSES, KNORM_EARLIER, TOVA_DEFENSE)
@@ -103,7 +124,7 @@ def _gap(rows: pd.DataFrame, policy: str, order: str, first: str, second: str) -
     return gap, f"{first} {verdicts.mean(a)}, {second} {verdicts.mean(b)}, difference {gap.signed()}"
 
 
-def _favours(rows: pd.DataFrame, policy: str) -> str:
+def _favours(rows: pd.DataFrame, policy: str, on: str = "this model") -> str:
     """Which span ``policy`` keeps more in each order at r = 0.5, from the rows, and whether that follows the spans'
     position (the same place wins in both orders) or the spans themselves (the same span wins)."""
     kept = {order: {span: _keep(rows, policy, order, span).mean() for span in SPANS[order]} for order in SPANS}
@@ -116,13 +137,13 @@ def _favours(rows: pd.DataFrame, policy: str) -> str:
         said = f"keeps the {place['normal']} span more in both orders: position sets what it keeps"
     else:
         said = f"keeps the {more['normal']} more in both orders: the span, not its position, sets what it keeps"
-    return f"model: on this model {reading.label(policy)} {said} ({shown}, r = {PEAK:g})"
+    return f"model: on {on} {reading.label(policy)} {said} ({shown}, r = {PEAK:g})"
 
 
-def _lengths_why(rows: pd.DataFrame) -> str:
+def _lengths_why(rows: pd.DataFrame, on: str = "this model") -> str:
     """Why StreamingLLM's keep rates are not the paper's, from the rows: how long the spans are under this model's
     tokenizer (the recent window covers a share of each that depends on it), and the keep rates in both orders."""
-    said = _favours(rows, "streamingllm")
+    said = _favours(rows, "streamingllm", on)
     if "span_tokens" not in rows or "n_prefix" not in rows:
         return said
     tokens = pd.DataFrame(list(rows["span_tokens"]))
@@ -133,36 +154,73 @@ def _lengths_why(rows: pd.DataFrame) -> str:
     )
 
 
-def measure(rows: pd.DataFrame) -> dict[str, Measured]:
-    """The claims of notebook 04 from the keep-rate study's rows (both orders, ``reading.PEAK`` among the ratios)."""
+def models(rows: pd.DataFrame, second: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """The rows of each model the claims read, by name: the study's, and the second model's (``SECOND``) where it
+    ran on another model (at ci both are the profile's model: its rows once)."""
+    name = lambda frame: str(frame["model"].iloc[0]) if "model" in frame else "this model"
+    found = {name(rows): rows}
+    if second is not None and not second.empty and name(second) not in found:
+        found[name(second)] = second
+    return found
+
+
+def _why(claim: Claim, parts: dict[str, list[Part]], whys: dict[str, str]) -> str:
+    """The whys of the models whose parts of ``claim`` do not all hold (every model's where all hold)."""
+    decided = lambda part: verdicts.decide(part.estimate, above=claim.above, margin=claim.margin)
+    failing = [name for name, own in parts.items() if any(decided(part) != verdicts.HOLDS for part in own)]
+    return "; ".join(whys[name] for name in failing or parts)
+
+
+def measure(rows: pd.DataFrame, second: pd.DataFrame | None = None) -> dict[str, Measured]:
+    """The claims of notebook 04 from the keep-rate study's rows (both orders, ``reading.PEAK`` among the ratios),
+    read on the second model's rows too where it ran (``models``): a part per model, all must hold; the paper's
+    numbers are compared with the study's model's."""
+    read = models(rows, second)
+    on = {name: name if len(read) > 1 else "this model" for name in read}
+    suffix = {name: f", {name}" if len(read) > 1 else "" for name in read}
+    joined = lambda texts: "; ".join(f"{name}: {t}" if len(read) > 1 else t for name, t in texts.items())
     out = {}
-    later, text = _gap(rows, "streamingllm", "normal", "directive", "defense")
+    later = {name: _gap(frame, "streamingllm", "normal", "directive", "defense") for name, frame in read.items()}
     out[STREAMING_LATER.id] = Measured(
-        [Part("directive - defense", later)],
-        text,
-        later.n,
+        [Part(f"directive - defense{suffix[name]}", gap) for name, (gap, _) in later.items()],
+        joined({name: text for name, (_, text) in later.items()}),
+        max(gap.n for gap, _ in later.values()),
         {
             "directive": verdicts.mean(_keep(rows, "streamingllm", "normal", "directive")),
             "defense": verdicts.mean(_keep(rows, "streamingllm", "normal", "defense")),
         },
-        _lengths_why(rows),
+        "; ".join(_lengths_why(frame, on[name]) for name, frame in read.items()),
     )
 
-    reverses, text = _gap(rows, "streamingllm", "flipped", "defense", "directive")
+    reverses = {name: _gap(frame, "streamingllm", "flipped", "defense", "directive") for name, frame in read.items()}
     out[STREAMING_REVERSES.id] = Measured(
-        [Part("flipped: defense - directive", reverses)], text, reverses.n, why=_favours(rows, "streamingllm")
+        [Part(f"flipped: defense - directive{suffix[name]}", gap) for name, (gap, _) in reverses.items()],
+        joined({name: text for name, (_, text) in reverses.items()}),
+        max(gap.n for gap, _ in reverses.values()),
+        why="; ".join(_favours(frame, "streamingllm", on[name]) for name, frame in read.items()),
     )
 
-    gaps = {order: _gap(rows, "knorm", order, *SPANS[order]) for order in SPANS}
+    gaps = {
+        (name, order): _gap(frame, "knorm", order, *SPANS[order]) for name, frame in read.items() for order in SPANS
+    }
+    parts = {
+        name: [Part(f"{o}: {' - '.join(SPANS[o])}{suffix[name]}", gaps[(name, o)][0]) for o in SPANS] for name in read
+    }
     out[KNORM_EARLIER.id] = Measured(
-        [Part(f"{order}: {' - '.join(SPANS[order])}", gap) for order, (gap, _) in gaps.items()],
-        "; ".join(f"{order}: {text}" for order, (_, text) in gaps.items()),
+        [part for own in parts.values() for part in own],
+        joined({name: "; ".join(f"{o}: {text}" for (n, o), (_, text) in gaps.items() if n == name) for name in read}),
         len(set().union(*(_keep(rows, "knorm", order, "defense").index for order in SPANS))),
-        why=_favours(rows, "knorm"),
+        why=_why(KNORM_EARLIER, parts, {name: _favours(frame, "knorm", on[name]) for name, frame in read.items()}),
     )
 
-    kept, text = _gap(rows, "tova", "normal", "defense", "directive")
-    out[TOVA_DEFENSE.id] = Measured([Part("defense - directive", kept)], text, kept.n, why=_favours(rows, "tova"))
+    kept = {name: _gap(frame, "tova", "normal", "defense", "directive") for name, frame in read.items()}
+    parts = {name: [Part(f"defense - directive{suffix[name]}", gap)] for name, (gap, _) in kept.items()}
+    out[TOVA_DEFENSE.id] = Measured(
+        [part for own in parts.values() for part in own],
+        joined({name: text for name, (_, text) in kept.items()}),
+        max(gap.n for gap, _ in kept.values()),
+        why=_why(TOVA_DEFENSE, parts, {name: _favours(frame, "tova", on[name]) for name, frame in read.items()}),
+    )
     return out
 
 
