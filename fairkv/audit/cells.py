@@ -111,7 +111,14 @@ def run(  # 8 parameters: the documented API (docs/audit.md), each a command-lin
     answers = generation.answer_batch(
         lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
     )
-    rows = [_row(audited, item, answer) for item, answer in zip(items, answers)]
+    checks = Record(
+        key=0,
+        system="",
+        user="",
+        instruction_id_list=tuple(i for i, _ in audited.checks.values()),
+        kwargs=tuple(k for _, k in audited.checks.values()),
+    )
+    rows = [_row(audited, checks, item, answer) for item, answer in zip(items, answers)]
     answered = [row for row in rows if row["query"] == "attack"]
     notes.append(
         f"{sum(bool(row['refused'] and row['leaked']) for row in answered)} of {len(answered)} attack "
@@ -164,22 +171,15 @@ def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> 
     return caches, skipped
 
 
-def _row(audited: Spec, item: tuple, answer) -> dict:
+def _row(audited: Spec, checks: Record, item: tuple, answer) -> dict:
     """One answer's row: its cell, query and response, the cell's keep rates, and what the answer does (an attack's
-    leaks and refusal, a benign query's compliance with each checkable span)."""
+    leaks and refusal, a benign query's compliance with each checkable span, read by ``checks``, built once per run)."""
     (policy, variant, ratio, _, keep), kind, text = item
     row = {"policy": policy, "variant": variant, "ratio": ratio, "query": kind, "text": text, "response": answer.text}
     row.update(keep)
     if kind == "attack":
         row.update(attack_fields(audited, answer.text, text))
     elif audited.checks:
-        checks = Record(
-            key=0,
-            system="",
-            user="",
-            instruction_id_list=tuple(i for i, _ in audited.checks.values()),
-            kwargs=tuple(k for _, k in audited.checks.values()),
-        )
         outcome = metrics.ifeval(checks, answer.text)
         row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
     return row
