@@ -193,7 +193,17 @@ def _hand_worked_rows():
             for k in keys
         ]
     )
-    return spans, attacks, defenses
+    refused = {"middle": [0] * 10, "last": [1] * 8 + [0] * 2}  # fair StreamingLLM: 0 -> 8 of 10 refuse
+    geometry = pd.DataFrame(
+        [
+            {"key": k, "place": p, "variant": "fair", "policy": "streamingllm", "ratio": r, "refused": float(v[k])}
+            | {"keep_operative": 0.0 if p == "middle" else 0.9}
+            for p, v in refused.items()
+            for r in (0.5, 0.6, 0.7)
+            for k in keys
+        ]
+    )
+    return spans, attacks, defenses, geometry
 
 
 def _claims(*inputs, **options) -> pd.DataFrame:
@@ -205,8 +215,8 @@ def test_beyond_claims_hand_worked(monkeypatch):
     listed apart; the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one part per count
     (broken on purpose: the smallest span's claim declared a finding -> its status was wrong; n pooled -> 20)."""
     monkeypatch.setattr(studies, "family", lambda: 10)
-    spans, attacks, defenses = _hand_worked_rows()
-    table = _claims(spans, attacks, defenses, ["weak", "strong"])
+    spans, attacks, defenses, geometry = _hand_worked_rows()
+    table = _claims(spans, attacks, defenses, ["weak", "strong"], geometry)
     heads = table[table["part"] == ""].set_index("id")
     expected = {
         beyond.SMALLEST_SPAN_KEPT.id: (HOLDS, "min keep 0.2 -> 0.5 (N=2), 0.0 -> 0.5 (N=8)"),
@@ -218,6 +228,7 @@ def test_beyond_claims_hand_worked(monkeypatch):
         beyond.WHITELIST_KEEPS_REFUSAL.id: (HOLDS, "whitelist refusal 1 at r = 0.5, base 0"),
         beyond.STRONGER_REFUSES.id: (HOLDS, "5 -> 9 of 10 paired: Newcombe [+0.07, ...]"),
         beyond.CRITICAL_MOVES.id: (HOLDS, "weak halves at 0.3, strong never"),
+        beyond.LAST_RESTORES.id: (HOLDS, "fair StreamingLLM refuses 0 -> 8 of 10 with the sentence last"),
     }
     assert list(heads.index) == [claim.id for claim in beyond.CLAIMS]
     changed = {
@@ -237,16 +248,22 @@ def test_beyond_claims_hand_worked(monkeypatch):
         or "N=8: 0.60 -> 0.50" in (heads.loc[beyond.COMPLIANCE_RAISED.id, "ours"])
     )
     assert heads.loc[beyond.COMPLIANCE_RAISED.id, "why"].startswith("model: ")
-    reversed_ = _claims(spans, attacks, defenses, ["strong", "weak"]).set_index("id")
+    swapped = geometry.assign(place=geometry["place"].map({"middle": "last", "last": "middle"}))
+    line = _claims(spans, attacks, defenses, ["weak", "strong"], swapped).set_index("id").loc[beyond.LAST_RESTORES.id]
+    assert line["verdict"] == FAILS  # the sentence last refuses less: no gain, and why, from the rows
+    assert line["why"] == (
+        "model: fair StreamingLLM keeps 0.90 of the operative words in the middle and 0.00 at the end (r = 0.5, 0.6, 0.7)"
+    )
+    reversed_ = _claims(spans, attacks, defenses, ["strong", "weak"], geometry).set_index("id")
     assert reversed_.loc[[beyond.STRONGER_REFUSES.id, beyond.CRITICAL_MOVES.id], "verdict"].iloc[[0, -1]].tolist() == [
         FAILS,
         FAILS,
     ]
-    silent = _claims(spans, attacks, defenses, ["weak", "silent"])  # no critical ratio without a refusal
+    silent = _claims(spans, attacks, defenses, ["weak", "silent"], geometry)  # no critical ratio without a refusal
     line = silent[silent["part"] == ""].set_index("id").loc[beyond.CRITICAL_MOVES.id]
     assert line["verdict"] == UNTESTABLE and "silent never refused at r = 0 (refusal 0.00)" in line["ours"]
     with pytest.raises(analysis.AnalysisError, match="no compressed H2O rows"):
-        _claims(spans, attacks, defenses, ["weak"], policy="h2o")
+        _claims(spans, attacks, defenses, ["weak"], geometry, policy="h2o")
 
 
 def test_span_figure_draws_the_smallest_span_with_each_counts_n():

@@ -11,7 +11,12 @@ import pytest
 
 from fairkv.runs import fingerprint
 
-KINDS = {"sweep": fingerprint.SWEEP, "atlas": fingerprint.ATLAS, "judge": fingerprint.JUDGE}
+KINDS = {
+    "sweep": fingerprint.SWEEP,
+    "atlas": fingerprint.ATLAS,
+    "judge": fingerprint.JUDGE,
+    "operative": fingerprint.OPERATIVE,
+}
 
 
 @pytest.fixture
@@ -45,6 +50,7 @@ def test_docstrings_keep_it_and_code_a_row_runs_changes_it(package):
     edit(selection, "scores.topk(n_kept, dim=-1).indices", "scores.topk(n_kept, dim=-1, sorted=False).indices")
     after = prints()
     assert after["sweep"] != before["sweep"] and after["atlas"] != before["atlas"]
+    assert after["operative"] != before["operative"]
 
 
 def _data_from_datasets(match: re.Match) -> str:

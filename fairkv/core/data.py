@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairkv.core import longbench, multispan
+from fairkv.core import longbench, multispan, prompts
 from fairkv.core.paths import DATA_DIR_SETTING, data_dir
 from fairkv.core.records import DataError, Record, read_jsonl
 
@@ -156,10 +156,15 @@ def paper_attack() -> Attack:
 
 
 def load_defense_templates() -> dict[str, str]:
-    """Defense templates by name; each holds ``$system_prompt`` where the system content goes."""
+    """Defense templates by name; each holds ``$system_prompt`` where the system content goes: RaccoonBench's, and the
+    standard defense with its operative sentence moved to its start or end (``prompts.MOVED_TEMPLATES``)."""
     path = data_file("raccoon/defense_template.json")
     try:
         templates = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: not valid JSON ({error.msg}, line {error.lineno})") from error
-    return templates
+    standard = templates[prompts.ORDERS["normal"]]
+    return {
+        **templates,
+        **{name: prompts.operative_moved(standard, at) for name, at in prompts.MOVED_TEMPLATES.items()},
+    }

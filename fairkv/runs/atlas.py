@@ -33,7 +33,7 @@ from kvpress.utils import compute_n_kept
 from fairkv.core import data, models, prompts
 from fairkv.core.per_setting import head_dim_known
 from fairkv.core.presses.kept import PRESS_FAILURES, SEED, press_mask
-from fairkv.core.presses.registry import CATALOG, Entry, runnable
+from fairkv.core.presses.registry import CATALOG, Entry, provenance, runnable
 from fairkv.core.presses.selection import topk_select
 from fairkv.core.progress import note
 from fairkv.runs import experiment, fingerprint, runner, studies
@@ -182,6 +182,7 @@ def _identity(plan: Plan, record, order: str, label: str, ratio: float) -> dict:
         "key": record.key,
         "order": order,
         "press": label,
+        **provenance(label),  # a press of one's own: its source (kvpress's: nothing, ids unchanged)
         "ratio": ratio,
     }
 

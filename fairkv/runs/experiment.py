@@ -34,7 +34,7 @@ import torch
 from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.paths import REDECODED_FOLDER, redecoded, results_dir
 from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy
-from fairkv.core.presses.registry import PER_SETTING
+from fairkv.core.presses.registry import PER_SETTING, provenance
 from fairkv.core.presses.selection import check_lam
 from fairkv.core.progress import note as progress_note
 from fairkv.runs import fingerprint, runner
@@ -161,6 +161,7 @@ def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, set
         "key": record.key,
         "order": order,
         "policy": setting.policy or "none",
+        **provenance(setting.policy),  # a press of one's own: its source (kvpress's: nothing, ids unchanged)
         "variant": setting.variant,
         "lam": setting.lam,
         "ratio": setting.ratio,

@@ -44,14 +44,19 @@ from fairkv.core import data, generation, models, per_setting, prompts, score_on
 from fairkv.core.attention import decoding
 from fairkv.core.presses.registry import runnable
 from fairkv.core.progress import Bar
-from fairkv.runs import atlas, experiment, fingerprint, judge
+from fairkv.runs import atlas, experiment, fingerprint, judge, operative
 from fairkv.runs.store import ResultsStore
 
 IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  # timings and stamps: never equal twice
 TIE_STEPS = 2  # a near tie: the two tokens' logits at most this many rounding steps of the precision apart
 SWEEP_IDENTITY = {"dataset", "key", "order", "policy", "variant", "lam", "ratio", "query", "max_new_tokens", "dtype"}
 COMPRESSION = ("n_prefix", "span_tokens", "keep_")  # fields (and prefixes) a near tie never changes
-STAMPS = ("code", "atlas", "judge")  # the versions fields that name the code that computed a row (fingerprint)
+STAMPS = (
+    "code",
+    "atlas",
+    "judge",
+    "operative",
+)  # the versions fields that name the code that computed a row (fingerprint)
 # a judge's score recomputed alone against one judged in a batch of 8 (bfloat16 rounds by the batch's shape): its
 # expected severity (0-4) and its mass on the digits may move by this much, its digit and leak call never. Measured on
 # 20 committed cpu rows: every digit equal, the expected severity moved by up to 0.054, the mass by up to 0.0002
@@ -160,6 +165,12 @@ def _cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.S
     return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), decoding(lm.model)
 
 
+def _operative(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
+    grid = cell_grid({**row, "query": "attack", "max_new_tokens": 1, "int8": False})
+    operative.run(grid, folder, progress=False, lm=lm)
+    return ResultsStore(operative.store_path(grid, folder)).rows()
+
+
 def _judge(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
     (scores,) = judge.score(lm, [(row["secret"], row["response"])])
     return {row["cell_id"]: {**row, **scores}}
@@ -167,15 +178,19 @@ def _judge(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
 
 SWEEP = Kind("grid rows (any press of the catalogue)", fingerprint.versions, _sweep, True)
 KEEP_RATES = Kind("the press atlas's keep rates", atlas.versions, _keep_rates, False)
+OPERATIVE = Kind("the operative words' keep rates", operative.versions, _operative, False)
 JUDGE = Kind(
     "the judge's scores", judge.versions, _judge, False, lambda row: judge.load_judge(row["judge"], row["dtype"])
 )
 
 
 def kind_of(path: Path, rows: list[dict]) -> Kind:
-    """The kind of ``rows``: the atlas's keep rates, the judge's scores, or a grid's rows."""
+    """The kind of ``rows``: the atlas's keep rates, the operative words' keep rates, the judge's scores, or a grid's
+    rows."""
     if all(row.get("kind") == "atlas" for row in rows):
         return KEEP_RATES
+    if all(row.get("kind") == operative.OPERATIVE for row in rows):
+        return OPERATIVE
     if all({"judge", "judged"} <= row.keys() for row in rows):
         return JUDGE
     strangers = sum(not SWEEP_IDENTITY <= row.keys() for row in rows)

@@ -3,7 +3,8 @@
 stops reciting its prompt. A lower leakage can arise otherwise (the directive itself evicted, so there is less to
 recite; or the model refusing everything), so each mitigation claim is judged on three things side by side: the
 attack's refusal (restored or not), the benign queries' refusal (the price: specificity) and the keep rates of the
-directive and the defense. ``read`` gives one ``Mechanism``: ``the paper's`` (refusal restored, benign refusal up by less
+directive and the defense (and of the defense's operative words where the rows carry them:
+``fairkv.studies.operative``). ``read`` gives one ``Mechanism``: ``the paper's`` (refusal restored, benign refusal up by less
 than ``SPECIFICITY_MARGIN``), ``other`` (the refusal not restored or lowered, or restored at the price of benign
 refusals), ``inconclusive`` (an interval straddles its bound, or the benign side was not run there); where the base policy
 already refuses (nearly) every attack (at least 1 - ``reading.RATE_MARGIN``), there is nothing to restore and the test is
@@ -87,8 +88,9 @@ def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "norma
         sides["benign refused"] = f"{benign} ({rise.signed()})"
     else:
         sides["benign refused"] = NOT_RUN_HERE
-    for name in ("directive", "defense"):
-        sides[f"{name} kept"] = _levels(rows, f"keep_{name}", "attack", *args)[0]
+    for name in ("directive", "defense", "operative"):  # the operative words where the rows carry them (``operative``)
+        if f"keep_{name}" in rows:
+            sides[f"{name} kept"] = _levels(rows, f"keep_{name}", "attack", *args)[0]
     sides = tuple(sides.items())
     if restore == verdicts.FAILS:
         return Mechanism(verdicts.OTHER, no, sides)

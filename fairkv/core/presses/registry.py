@@ -15,8 +15,8 @@ decoding rather than of the prefill, a prefill of its own, no eviction of tokens
   block) and the scorers that draw a sketch at every call.
 
 Wrappers wrap SnapKV with the paper's settings, so their rows read as "what the wrapper changes in SnapKV". Every
-runnable press is a policy (``get_policy``) that grids, the engine and the audit take by its key, declared here once:
-nothing registers presses at run time.
+runnable press is a policy (``get_policy``) that grids, the engine and the audit take by its key, declared here once;
+a press of one's own (fairkv's or a user's) joins them at run time through ``fairkv.core.presses.own.register``.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class Entry:
     paper: bool = False
     ratio_free: bool = False  # a ScorerPress whose score does not read the ratio: scored once, cut at every ratio
     backend: str | None = None
+    source: str = ""  # a press of one's own (``presses.own.register``): a hash of its source, held by its cells' ids
 
     @property
     def key(self) -> str:
@@ -276,6 +277,16 @@ PRESSES: dict[str, Policy] = {
         if not e.paper
     },
 }
+
+
+def provenance(policy: str | None) -> dict[str, str]:
+    """What a cell's identity holds of its press beyond its key or label: a press of one's own's source hash
+    (``presses.own``); nothing for kvpress's presses and the uncompressed cache (None), so their cell ids stay as
+    they are."""
+    for entry in CATALOG.values():
+        if entry.source and policy in (entry.key, entry.label):
+            return {"press_source": entry.source}
+    return {}
 
 
 def entry_of(key: str) -> Entry:

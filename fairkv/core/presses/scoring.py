@@ -173,7 +173,7 @@ def span_as_prompt(press: ScorerPress, module, hidden_states, keys, values, atte
     return scores
 
 
-def _independent(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+def independent_scores(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
     return press.score(module, hidden_states, keys, values, None, kwargs)
 
 
@@ -190,7 +190,7 @@ LOCAL_SCORERS: dict[type, LocalScorer] = {
     KnormPress: _knorm_local,
     # the catalogue's other score-once presses, by their ``scoring``
     **{
-        getattr(kvpress, e.name): _independent if e.scoring == "independent" else span_as_prompt
+        getattr(kvpress, e.name): independent_scores if e.scoring == "independent" else span_as_prompt
         for e in CATALOG.values()
         if e.backend == SCORE_ONCE and not e.paper
     },

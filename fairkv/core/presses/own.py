@@ -1,0 +1,81 @@
+"""A press of one's own (issue 54, item 4): a press written in fairkv, or a user's, in the catalogue beside kvpress's.
+
+``register`` puts a kvpress ``ScorerPress`` (or any ``BasePress`` for the per-setting backend) in the press catalogue
+(``registry.CATALOG``) the way kvpress's own are declared there: after it, the press is a policy like the paper's five
+(``registry.PRESSES``, by its key: the label in lower case), so grids, the engine, the atlas, the operative words and
+the audit take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent"
+(a token's own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the
+catalogue applies to every cross-token scorer). A score-once press must score without reading the ratio or drawing
+random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with ``backend=PER_SETTING``.
+
+The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a
+registered press carries a hash of its class's source (``source_hash``) and every cell id of its rows holds it
+(``registry.provenance``): an edit of the press makes new cells and never mixes with the rows of the old one.
+
+    from fairkv.core.presses.own import register
+    register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
+    # then: Grid(policies=("earliest",), ...), atlas.Plan(presses=("Earliest",)), fairkv.audit(..., policies=[...])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Callable
+
+from kvpress import BasePress, ScorerPress
+
+from fairkv.core.presses import scoring
+from fairkv.core.presses.registry import (
+    CATALOG,
+    PER_SETTING,
+    PRESSES,
+    SCORE_ONCE,
+    SNAPKV_WINDOW,
+    Entry,
+    Policy,
+    PolicyError,
+)
+
+SCORINGS = {"independent": scoring.independent_scores, "cross-token": scoring.span_as_prompt}
+
+
+def source_hash(cls: type) -> str:
+    """A hash of the source of ``cls`` and of every class it derives from outside kvpress and torch (an edit of the
+    press, or of a base class of one's own, changes it)."""
+    mine = [c for c in cls.__mro__ if c.__module__.split(".")[0] not in ("kvpress", "torch", "builtins", "abc")]
+    text = "\n".join(inspect.getsource(c) for c in mine)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def register(
+    name: str,
+    label: str,
+    build: Callable[[float], BasePress],
+    scoring_kind: str,
+    backend: str = SCORE_ONCE,
+) -> Entry:
+    """Put the press ``build(r)`` makes in the catalogue as ``name`` (its class name, as kvpress's are listed) with the
+    ``label`` its rows and figures show; ``scoring_kind`` "independent" or "cross-token" (fair eviction's span-local
+    scores follow it). Returns its catalogue entry; a name or key the catalogue holds is an error."""
+    if scoring_kind not in SCORINGS:
+        raise PolicyError(f"unknown scoring {scoring_kind!r}: use one of {', '.join(SCORINGS)}")
+    if backend not in (SCORE_ONCE, PER_SETTING):
+        raise PolicyError(f"unknown backend {backend!r}: use {SCORE_ONCE!r} or {PER_SETTING!r}")
+    press = build(0.5)
+    if not isinstance(press, BasePress):
+        raise PolicyError(f"{name}: build(r) must return a kvpress press, got {type(press).__name__}")
+    if backend == SCORE_ONCE and not isinstance(press, ScorerPress):
+        raise PolicyError(f"{name} is no ScorerPress: only scorers are scored once; register it with {PER_SETTING!r}")
+    source = source_hash(type(press))
+    entry = Entry(name, label, build, scoring_kind, ratio_free=backend == SCORE_ONCE, backend=backend, source=source)
+    taken = [n for n in (name, entry.key) if n in CATALOG or n in PRESSES]
+    if taken:
+        raise PolicyError(f"the press catalogue already holds {taken[0]!r}: register a press under a name of its own")
+    CATALOG[name] = entry
+    PRESSES[entry.key] = Policy(entry.key, label, build, min_tokens=SNAPKV_WINDOW, backend=backend)
+    scoring.LOCAL_SCORERS[type(press)] = SCORINGS[scoring_kind]
+    return entry
+
+
+__all__ = ["register", "source_hash"]
