@@ -2,9 +2,9 @@
 
 Library versions do not change when our own code does: a second local run would replay rows that older presses, an
 older engine or older prompt code computed. A fingerprint hashes the **definitions** a kind of row is computed by, not
-the files they live in. It starts from the row's entry points (``SWEEP``: ``experiment.run``, every grid's rows; ``ATLAS``: the
-atlas's keep rates; ``JUDGE``: the judge's scores; ``OPERATIVE``: the whitelist phrase's keep rates) and follows every name they use, through any fairkv module, to the definition it
-names: functions, classes, constants, top-level statements of a module it reaches, and the import statement of every
+the files they live in. It starts from the row's entry points (``SWEEP``: ``experiment.run``, every grid's rows;
+``ATLAS``: the atlas's keep rates; ``JUDGE``: the judge's scores; ``OPERATIVE``: the whitelist phrase's keep rates) and
+follows every name they use, through any fairkv module, to the definition it names: functions, classes, constants, top-level statements of a module it reaches, and the import statement of every
 outside library name (``from kvpress import SnapKVPress``). Each definition counts by its syntax tree without
 docstrings, without the module it lives in or the fairkv imports that reach it (``data.load_records`` reads as
 ``load_records``), and without the text of the errors it raises (a raise ends a row; which error, and when, count).

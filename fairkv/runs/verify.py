@@ -51,12 +51,8 @@ IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  
 TIE_STEPS = 2  # a near tie: the two tokens' logits at most this many rounding steps of the precision apart
 SWEEP_IDENTITY = {"dataset", "key", "order", "policy", "variant", "lam", "ratio", "query", "max_new_tokens", "dtype"}
 COMPRESSION = ("n_prefix", "span_tokens", "keep_")  # fields (and prefixes) a near tie never changes
-STAMPS = (
-    "code",
-    "atlas",
-    "judge",
-    "operative",
-)  # the versions fields that name the code that computed a row (fingerprint)
+# the versions fields that name the code that computed a row (fingerprint)
+STAMPS = ("code", "atlas", "judge", "operative")
 # a judge's score recomputed alone against one judged in a batch of 8 (bfloat16 rounds by the batch's shape): its
 # expected severity (0-4) and its mass on the digits may move by this much, its digit and leak call never. Measured on
 # 20 committed cpu rows: every digit equal, the expected severity moved by up to 0.054, the mass by up to 0.0002
@@ -95,8 +91,8 @@ class Report:
 
 
 def stamp(versions: dict) -> str:
-    """The code a row's ``versions`` name: its fingerprint, and the atlas's beside it for keep rates; the judge's own
-    for a judge's scores."""
+    """The code a row's ``versions`` name: its fingerprint, and beside it the atlas's for its keep rates or the
+    operative words' for theirs; the judge's own for a judge's scores."""
     return "/".join(versions[name] for name in STAMPS if name in versions)
 
 

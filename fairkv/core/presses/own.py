@@ -14,7 +14,7 @@ registered press carries a hash of its class's source (``source_hash``) and ever
 
     from fairkv.core.presses.own import register
     register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
-    # then: Grid(policies=("earliest",), ...), atlas.Plan(presses=("Earliest",)), fairkv.audit(..., policies=[...])
+    # then: Grid(policies=("earliest",), ...), atlas.Plan(presses=("Earliest",)), audit.cells.run(..., ("earliest",))
 """
 
 from __future__ import annotations
