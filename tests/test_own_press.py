@@ -58,23 +58,38 @@ def test_a_registered_press_is_a_policy_with_its_variants(earliest, smollm, tmp_
     assert registry.provenance("snapkv") == {} and registry.provenance(None) == {}
 
 
-def test_its_source_is_part_of_its_cells(earliest):
-    """An edit of the press changes its source hash, so its old rows are other cells, never mixed with the new."""
+def test_its_source_and_configuration_are_part_of_its_cells(earliest):
+    """What decides its rows is in its hash, so an edited or reconfigured press computes other cells, never the old
+    ones: the class's source, its configuration, its scoring (broken on purpose: hashing the class's source alone made
+    the reconfigured press's hash equal)."""
 
     @dataclass
     class Edited(EarliestPress):
         def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
             return -super().score(module, hidden_states, keys, values, attentions, kwargs)
 
-    assert own.source_hash(EarliestPress) == earliest.source != own.source_hash(Edited)
+    press = EarliestPress(compression_ratio=0.5)
+    assert own.source_hash(press, "independent", registry.SCORE_ONCE) == earliest.source
+    others = [
+        own.source_hash(Edited(compression_ratio=0.5), "independent", registry.SCORE_ONCE),
+        own.source_hash(EarliestPress(compression_ratio=0.25), "independent", registry.SCORE_ONCE),
+        own.source_hash(press, "cross-token", registry.SCORE_ONCE),
+    ]
+    assert len({earliest.source, *others}) == 4
 
 
 def test_registering_checks_what_it_is_given(earliest):
     with pytest.raises(registry.PolicyError, match="already holds 'EarliestPress'"):
         own.register("EarliestPress", "Other", lambda r: EarliestPress(compression_ratio=r), "independent")
-    with pytest.raises(registry.PolicyError, match="already holds 'snapkv'"):
+    with pytest.raises(registry.PolicyError, match="already holds 'SnapKV'"):
         own.register("MySnapKV", "SnapKV", lambda r: EarliestPress(compression_ratio=r), "independent")
     with pytest.raises(registry.PolicyError, match="unknown scoring 'positional'"):
         own.register("LatestPress", "Latest", lambda r: EarliestPress(compression_ratio=r), "positional")
     with pytest.raises(registry.PolicyError, match="must return a kvpress press"):
         own.register("LatestPress", "Latest", lambda r: object(), "independent")
+    with pytest.raises(registry.PolicyError, match="already holds 'Earliest'"):
+        own.register("OtherPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
+    with pytest.raises(registry.PolicyError, match="SnapKVPress is a class the catalogue already scores"):
+        own.register("Snap8Press", "Snap8", lambda r: registry.SnapKVPress(r, window_size=8), "independent")
+    with pytest.raises(registry.PolicyError, match="source of .* cannot be read"):
+        own.source_hash(type("Typed", (EarliestPress,), {})(compression_ratio=0.5), "independent", registry.SCORE_ONCE)

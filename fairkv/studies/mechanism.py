@@ -88,9 +88,9 @@ def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "norma
         sides["benign refused"] = f"{benign} ({rise.signed()})"
     else:
         sides["benign refused"] = NOT_RUN_HERE
-    for name in ("directive", "defense", "operative"):  # the operative words where the rows carry them (``operative``)
-        if f"keep_{name}" in rows:
-            sides[f"{name} kept"] = _levels(rows, f"keep_{name}", "attack", *args)[0]
+    kept = ("directive", "defense", "operative") if "keep_operative" in rows else ("directive", "defense")
+    for name in kept:  # the operative words where the rows carry them (``fairkv.studies.operative``)
+        sides[f"{name} kept"] = _levels(rows, f"keep_{name}", "attack", *args)[0]
     sides = tuple(sides.items())
     if restore == verdicts.FAILS:
         return Mechanism(verdicts.OTHER, no, sides)

@@ -50,13 +50,16 @@ def joined(rows: pd.DataFrame, kept: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with each attack row's ``keep_operative`` (NaN on benign rows); an attack cell without its operative
     row, or whose spans' keep rates differ from its operative row's, is an error."""
     attack = rows["query"] == "attack"
-    spans = [c for c in ("keep_defense", "keep_directive") if c in kept]
+    spans = ["keep_defense", "keep_directive"]
+    lacking = [c for c in spans + ["keep_operative"] if c not in kept]
+    if lacking:
+        raise OperativeStudyError(f"the operative rows lack {lacking}: they are fairkv.runs.operative's rows")
     merged = rows.loc[attack, KEYS + spans].merge(kept[KEYS + spans + ["keep_operative"]], on=KEYS, how="left")
     missing = merged["keep_operative"].isna().sum()
     if missing:
         raise OperativeStudyError(f"{missing} attack cells have no operative keep rate: run measure() on their grid")
     worst = max(float((merged[f"{c}_x"] - merged[f"{c}_y"]).abs().max()) for c in spans)
-    if worst > AGREEMENT:
+    if not worst <= AGREEMENT:  # NaN (a keep rate missing on one side) fails too
         raise OperativeStudyError(
             f"the operative rows' span keep rates differ from the sweep's by up to {worst:.3g}: not the same kept sets"
         )
@@ -76,6 +79,8 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
 
 def bucket_of(keep: pd.Series) -> pd.Series:
     """The phrase's keep-rate bucket (``BUCKETS``) of each value, as '[low, high)' (the last one closed: '[low, 1]')."""
+    if keep.isna().any():
+        raise OperativeStudyError(f"{int(keep.isna().sum())} answers have no operative keep rate: join them first")
     names = [f"[{lo:g}, {hi:g})" for lo, hi in zip(BUCKETS[:-2], BUCKETS[1:-1])] + [f"[{BUCKETS[-2]:g}, 1]"]
     index = np.clip(np.searchsorted(BUCKETS, keep.to_numpy(), side="right") - 1, 0, len(names) - 1)
     return pd.Series(np.array(names)[index], index=keep.index)

@@ -10,7 +10,9 @@ random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it w
 
 The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a
 registered press carries a hash of its class's source (``source_hash``) and every cell id of its rows holds it
-(``registry.provenance``): an edit of the press makes new cells and never mixes with the rows of the old one.
+(``registry.provenance``): an edit of the press makes new cells and never mixes with the rows of the old one. The
+registration lives in the process that made it: a Ray worker (``executor="ray"``) imports fairkv without it, so run a
+press of one's own in this process (the default executor).
 
     from fairkv.core.presses.own import register
     register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from dataclasses import replace
 from typing import Callable
 
 from kvpress import BasePress, ScorerPress
@@ -40,11 +43,19 @@ from fairkv.core.presses.registry import (
 SCORINGS = {"independent": scoring.independent_scores, "cross-token": scoring.span_as_prompt}
 
 
-def source_hash(cls: type) -> str:
-    """A hash of the source of ``cls`` and of every class it derives from outside kvpress and torch (an edit of the
-    press, or of a base class of one's own, changes it)."""
-    mine = [c for c in cls.__mro__ if c.__module__.split(".")[0] not in ("kvpress", "torch", "builtins", "abc")]
-    text = "\n".join(inspect.getsource(c) for c in mine)
+def source_hash(press: BasePress, scoring_kind: str, backend: str) -> str:
+    """A hash of what decides a registered press's rows: the source of its class and of every class it derives from
+    outside kvpress and torch, its configuration (the dataclass fields ``build`` set, as its ``repr`` shows them), its
+    scoring and its backend. An edit of any of them changes it."""
+    mine = [c for c in type(press).__mro__ if c.__module__.split(".")[0] not in ("kvpress", "torch", "builtins", "abc")]
+    try:
+        sources = [inspect.getsource(c) for c in mine]
+    except (OSError, TypeError) as error:  # a class typed in a notebook cell or a REPL has no source file
+        raise PolicyError(
+            f"the source of {type(press).__name__} cannot be read ({error}): define the press in a module (a .py file) "
+            "and import it, so that its rows can be told from an edited press's"
+        ) from None
+    text = "\n".join([*sources, repr(press), scoring_kind, backend])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -67,11 +78,17 @@ def register(
         raise PolicyError(f"{name}: build(r) must return a kvpress press, got {type(press).__name__}")
     if backend == SCORE_ONCE and not isinstance(press, ScorerPress):
         raise PolicyError(f"{name} is no ScorerPress: only scorers are scored once; register it with {PER_SETTING!r}")
-    source = source_hash(type(press))
-    entry = Entry(name, label, build, scoring_kind, ratio_free=backend == SCORE_ONCE, backend=backend, source=source)
-    taken = [n for n in (name, entry.key) if n in CATALOG or n in PRESSES]
+    entry = Entry(name, label, build, scoring_kind, ratio_free=backend == SCORE_ONCE, backend=backend)
+    held = {n for e in CATALOG.values() for n in (e.name, e.label, e.key) if n} | set(PRESSES)
+    taken = [n for n in (name, label, entry.key) if n in held]
     if taken:
         raise PolicyError(f"the press catalogue already holds {taken[0]!r}: register a press under a name of its own")
+    if type(press).__module__.split(".")[0] == "kvpress" or type(press) in scoring.LOCAL_SCORERS:
+        raise PolicyError(
+            f"{name}: {type(press).__name__} is a class the catalogue already scores (kvpress's, or registered): "
+            "subclass it, so that its rows and its span-local scores stay apart from the catalogue's own"
+        )
+    entry = replace(entry, source=source_hash(press, scoring_kind, backend))
     CATALOG[name] = entry
     PRESSES[entry.key] = Policy(entry.key, label, build, min_tokens=SNAPKV_WINDOW, backend=backend)
     scoring.LOCAL_SCORERS[type(press)] = SCORINGS[scoring_kind]

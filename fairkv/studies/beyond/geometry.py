@@ -5,10 +5,10 @@ Fair StreamingLLM (Section 5.2, Algorithm 1) keeps each span's tail. The standar
 instruction to refuse with the scripted reply (``prompts.OPERATIVE_SENTENCE``), sits in the defense's middle, so from
 r = 0.5 fair StreamingLLM keeps none of it and refuses no attack (notebook 06, ``fairkv.studies.operative``). The same
 prompts with that sentence moved to the defense's start and to its end (``prompts.MOVED_TEMPLATES``, every other word
-in its place), base and fair, StreamingLLM and SnapKV, r = 0.3-0.7, the paper's attack: does fair eviction keep the
-refusal when the operative words sit where it keeps tokens? The middle is the paper's own template, whose rows are
-notebook 06's. Each cell's keep rate of the operative words (``fairkv.runs.operative``) is measured beside its
-answer."""
+in its place), base and fair, StreamingLLM and SnapKV, the paper's attack (at the cpu profile r = 0 and 0.5-0.7,
+``READ``): does fair eviction keep the refusal when the operative words sit where it keeps tokens? The middle is the
+paper's own template, whose rows are notebook 06's. Each cell's keep rate of the operative words
+(``fairkv.runs.operative``) is measured beside its answer."""
 
 from __future__ import annotations
 
