@@ -86,3 +86,40 @@ def test_the_checks_catch_what_they_look_for():
     assert cycle({"a": {"b"}, "b": set()}) is None
     assert layer("core/data.py") < layer("runs/experiment.py") < layer("report/claims.py") < layer("studies/leakage.py")
     assert layer("studies/leakage.py") < layer("cli.py")
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 450, 60, 6  # issue 54: rooms a newcomer can read whole
+
+
+def oversized(source: str, name: str = "<module>") -> list[str]:
+    """What in ``source`` is over the sizes above: the module over ``MAX_MODULE_LINES`` lines, a function over
+    ``MAX_FUNCTION_LINES`` lines or ``MAX_PARAMETERS`` parameters (``self`` / ``cls`` not counted) unless a comment on
+    its ``def`` line (or the line its signature closes on) says why."""
+    lines = source.splitlines()
+    found = [f"{name}: {len(lines)} lines"] if len(lines) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        arguments = node.args
+        names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+        count = len(names) - (names[:1] in (["self"], ["cls"])) + bool(arguments.vararg) + bool(arguments.kwarg)
+        length = node.end_lineno - node.lineno + 1
+        signature = lines[node.lineno - 1 : node.body[0].lineno - 1]
+        said = any("#" in line for line in signature[:1] + signature[-1:])
+        if (count > MAX_PARAMETERS or length > MAX_FUNCTION_LINES) and not said:
+            found.append(f"{name}:{node.lineno} {node.name}: {count} parameters, {length} lines")
+    return found
+
+
+def test_no_room_is_too_big_without_saying_why():
+    found = [item for path in sorted(PACKAGE.rglob("*.py")) for item in oversized(path.read_text(), str(path))]
+    assert found == [], "over the sizes of issue 54, without a comment on the def line saying why:\n" + "\n".join(found)
+
+
+def test_the_size_check_catches_what_it_looks_for():
+    seven = "def f(a, b, c, d, e, f, g):\n    return a\n"
+    assert oversized(seven) == ["<module>:1 f: 7 parameters, 2 lines"]
+    assert oversized("def f(a, b, c, d, e, f, g):  # 7: the fields of a setting\n    return a\n") == []
+    assert oversized("class C:\n    def f(self, a, b, c, d, e, f):\n        return a\n") == []  # self not counted
+    assert oversized("def f():\n" + "    x = 1\n" * 60) == ["<module>:1 f: 0 parameters, 61 lines"]
+    assert oversized("x = 1\n" * 451) == ["<module>: 451 lines"]

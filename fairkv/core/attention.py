@@ -28,7 +28,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 DECODE_ATTENTION = "fairkv_grouped"
 
 
-def grouped_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def grouped_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):  # 8 parameters: the attention-function signature transformers calls
     """Eager attention for query (batch, heads, q, d) over key / value (batch, kv_heads, L, d), kv_heads dividing
     heads, without repeating the KV heads; returns (output (batch, q, heads, d), no weights). The signature is SDPA's
     (``dropout`` sixth), the one kvpress's wrapper of every registered attention function calls."""
@@ -55,7 +57,9 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, eager_mask)
 HEAD_MASKED = "fairkv_head_masked"
 
 
-def head_masked_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def head_masked_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):  # 8 parameters: the attention-function signature transformers calls
     """``grouped_attention`` where keys marked NaN (evicted in that KV head) get weight zero: the attention mask
     (batch, 1, q, L) becomes (batch, kv_heads, q, L), the dtype's minimum at the marked positions."""
     evicted = key.isnan().any(-1)  # (batch, kv_heads, L)

@@ -73,7 +73,7 @@ def check_policy_fits(lm: LoadedModel, prompt: Prompt, policy: str) -> None:
 
 
 @torch.inference_mode()
-def compress(
+def compress(  # 7 parameters: the prompt, its model and a setting's five fields
     lm: LoadedModel,
     prompt: Prompt,
     policy: str | None,

@@ -95,7 +95,7 @@ def _row(record, prompt, compressed: Compressed, benign: Answer, attacked: Answe
     }
 
 
-def evaluate_prompt(
+def evaluate_prompt(  # 8 parameters: the library's one-prompt API (docs/library.md), a grid's fields
     lm: LoadedModel,
     record: Record,
     prompt: Prompt,

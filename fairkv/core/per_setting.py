@@ -101,7 +101,9 @@ class _SpanKeeper:
         return press_mask(self.entry, ratio, protected, span, self.model).float()
 
 
-def setting_mask(entry: Entry, variant: str, ratio: float, spans, protected, layer: Layer, model) -> torch.Tensor:
+def setting_mask(
+    entry: Entry, variant: str, ratio: float, spans, protected, layer: Layer, model
+) -> torch.Tensor:  # 7 parameters: a setting's fields, the prompt's spans and the layer
     """(batch, kv_heads, n) positions ``entry``'s press keeps in ``layer`` in ``variant`` (base, whitelist, fair,
     fair+whitelist; see the module doc) at ``ratio``; ``spans`` (start, end) and ``protected`` are token positions."""
     batch, heads, n, _ = layer.keys.shape

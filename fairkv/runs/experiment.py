@@ -151,7 +151,9 @@ def cell_id(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _identity(lm_name: str, checksum: str | None, grid: Grid, record, order, setting: Setting, query: str) -> dict:
+def _identity(
+    lm_name: str, checksum: str | None, grid: Grid, record, order, setting: Setting, query: str
+) -> dict:  # 7 parameters: each a field of the cell's identity
     return {
         "model": lm_name,
         "checksum": checksum,

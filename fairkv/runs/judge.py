@@ -349,7 +349,7 @@ def store_path(name: str, folder: Path | None = None) -> Path:
     return (Path(folder) if folder else results_dir()) / f"{STORE_PREFIX}{name.replace('/', '__')}.jsonl"
 
 
-def judged(
+def judged(  # 8 parameters: what it judges and the runner's options
     pairs: dict,
     name: str,
     dtype: str,

@@ -41,7 +41,7 @@ class Job(Protocol):
     def model_key(self) -> tuple: ...
 
 
-def run(
+def run(  # 7 parameters: the job, its store and the options every kind of row shares
     job: Job,
     store: ResultsStore,
     executor="serial",

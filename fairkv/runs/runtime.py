@@ -94,7 +94,7 @@ def run(chosen: Plan, progress: bool = True) -> pd.DataFrame:
     )
 
 
-def measure(
+def measure(  # 9 parameters: notebook 09's, each a parameter of it
     lm: models.LoadedModel,
     cases: list[tuple[Prompt, str]],
     policies=("h2o",),

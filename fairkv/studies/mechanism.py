@@ -39,12 +39,16 @@ class MechanismError(ValueError):
     """Rows a mechanism cannot be read from."""
 
 
-def _per_prompt(rows: pd.DataFrame, metric: str, query: str, ratios, variant: str, order: str, policies):
+def _per_prompt(
+    rows: pd.DataFrame, metric: str, query: str, ratios, variant: str, order: str, policies
+):  # 7 parameters: the rows and the selection reading.values takes
     picked = rows[(rows["query"] == query) & rows["policy"].isin(policies)]
     return reading.values(picked, metric, ratios, average=True, variant=variant, order=order)
 
 
-def _levels(rows, metric, query, ratios, variant, order, policies) -> tuple[str, verdicts.Estimate]:
+def _levels(
+    rows, metric, query, ratios, variant, order, policies
+) -> tuple[str, verdicts.Estimate]:  # 7 parameters: the rows and the selection reading.values takes
     """'0.02 -> 0.92' (base -> ``variant``, the means over prompts) and the paired change."""
     before = _per_prompt(rows, metric, query, ratios, "base", order, policies)
     after = _per_prompt(rows, metric, query, ratios, variant, order, policies)

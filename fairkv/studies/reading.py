@@ -161,7 +161,9 @@ def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:
     return ""
 
 
-def lowers_leakage(study: str, figure: str, mitigation: str, ratio: float, policy: str, before, after):
+def lowers_leakage(
+    study: str, figure: str, mitigation: str, ratio: float, policy: str, before, after
+):  # 7 parameters: each a field of the claim it declares
     """The paper's claim that ``mitigation`` (the variant ``study``) lowers ``policy``'s directive leakage at ``ratio``
     (Figs 8 and 9): its levels ``before`` -> ``after`` (``claims.Number``) written once, the change derived from them
     (``change_of``); judged on its mechanism too."""

@@ -23,7 +23,7 @@ from fairkv.core.presses.registry import (
 from fairkv.core.presses.selection import SpanError, WhitelistError, check_variant_inputs
 
 
-def build_press(
+def build_press(  # 7 parameters: a setting's fields and the prompt's spans
     policy: str,
     ratio: float,
     variant: str = "base",

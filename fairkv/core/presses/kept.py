@@ -69,7 +69,9 @@ def _masking_allowed(module):
         module.masked_key_indices = None
 
 
-def press_mask(press: BasePress, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+def press_mask(
+    press: BasePress, module, hidden_states, keys, values, attentions, kwargs
+) -> torch.Tensor:  # 7 parameters: the press and kvpress's compress arguments
     """Positions (batch, kv_heads, n) that ``press`` keeps in this layer, from its own ``compress``."""
     torch.manual_seed(SEED + module.layer_idx)
     with _masking_allowed(module):

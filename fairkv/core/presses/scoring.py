@@ -59,7 +59,9 @@ def reserved_positions(press: ScorerPress, n: int) -> tuple[int, ...]:
     return tuple(range(min(press.n_sink, n))) if isinstance(press, StreamingLLMPress) else ()
 
 
-def ranking_scores(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+def ranking_scores(
+    press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs
+) -> torch.Tensor:  # 7 parameters: the press and kvpress's score arguments
     """The base policy's scores (batch, kv_heads, n), with StreamingLLM expressed as a ranking (see module doc)."""
     if isinstance(press, StreamingLLMPress):
         return _streaming_scores(press, keys)
@@ -123,7 +125,9 @@ def _tova_local(keys, attentions, spans: Spans) -> torch.Tensor:
     return scores
 
 
-def _knorm_local(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+def _knorm_local(
+    press, module, hidden_states, keys, values, attentions, kwargs, spans
+) -> torch.Tensor:  # 8 parameters: kvpress's score arguments and the spans
     """F.6: K-Norm has no cross-token interaction; its scores are unchanged, only the budget split differs."""
     return press.score(module, hidden_states, keys, values, attentions, kwargs)
 
@@ -142,7 +146,9 @@ def shift_keys(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: 
     return (keys.float() * c.float() - _rotate_half(keys.float()) * s.float()).to(keys.dtype)
 
 
-def span_as_prompt(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+def span_as_prompt(
+    press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans
+) -> torch.Tensor:  # 8 parameters: kvpress's score arguments and the spans
     """Scores (batch, kv_heads, n): each span scored by ``press`` as if it were the whole prefix (see module doc)."""
     if (
         getattr(module.config, "rope_scaling", None) not in (None, {})
@@ -173,7 +179,9 @@ def span_as_prompt(press: ScorerPress, module, hidden_states, keys, values, atte
     return scores
 
 
-def independent_scores(press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+def independent_scores(
+    press, module, hidden_states, keys, values, attentions, kwargs, spans
+) -> torch.Tensor:  # 8 parameters: kvpress's score arguments and the spans
     return press.score(module, hidden_states, keys, values, None, kwargs)
 
 
@@ -197,7 +205,9 @@ LOCAL_SCORERS: dict[type, LocalScorer] = {
 }
 
 
-def span_local_scores(press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans: Spans):
+def span_local_scores(
+    press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans: Spans
+):  # 8 parameters: kvpress's score arguments and the spans
     """Appendix F's span-local scores (batch, kv_heads, n) of ``press`` for the given token spans."""
     scorer = LOCAL_SCORERS.get(type(press))
     if scorer is None:

@@ -74,7 +74,7 @@ def check_lam(lam: float) -> float:
     return float(lam)
 
 
-def choose(
+def choose(  # 9 parameters: a setting's fields and the prompt's spans
     scores: Callable[[str], torch.Tensor],
     shape: tuple[int, int, int],
     ratio: float,
@@ -146,7 +146,7 @@ def whitelist_select(scores: torch.Tensor, n_kept: int, protected: Sequence[int]
     return topk_select(whitelist_first(scores, protected), n_kept)
 
 
-def fair_select(
+def fair_select(  # 7 parameters: Algorithm 1's inputs (Sec 5.2)
     base: torch.Tensor,
     local_scores: torch.Tensor,
     n_kept: int,
