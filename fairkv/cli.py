@@ -111,7 +111,7 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None, fr
         print(f"summary: {claimed.write_summary(folder, f'Paper vs us, {profile} profile')}")
         if profile == readme.PROFILE and parameters.get("output") is None:
             try:
-                written = readme.write(REPO_ROOT / "README.md", folder, profile, claimed.figure_models(profile))
+                written = readme.write(REPO_ROOT / "README.md", folder, claimed.catalogue(profile), profile)
                 print(f"results section: {written}")
             except readme.ReadmeError as error:
                 print(f"README's results section not rewritten: {error}")

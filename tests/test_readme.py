@@ -16,9 +16,11 @@ from fairkv.core.paths import synthetic_dir
 from fairkv.report import claims as claim_lines
 from fairkv.report import coverage, readme, summary, verdicts
 from fairkv.runs import studies
+from fairkv.studies import trec
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "figures" / "cpu"
+CATALOGUE = fairkv.studies.catalogue("cpu")  # the paper's items, as the study modules declare them
 
 
 def _links_resolve(text: str, folder: Path) -> list[str]:
@@ -39,12 +41,12 @@ def test_the_readme_results_section_is_the_committed_tables():
     ``fairkv reproduce`` writes from figures/cpu/: a number there cannot drift from its table, every link in them
     points at a committed file, and their tables are unpadded."""
     written = readme.written(ROOT / "README.md")
-    assert written == readme.section(CPU, link_from=ROOT)
+    assert written == readme.section(CPU, CATALOGUE, link_from=ROOT)
     assert not _links_resolve(written, ROOT)
     assert "Fig 4" in written and "![03_fig4_compliance]" in written and "### Known confounds" in written
     pages = {
-        readme.DETAILS: lambda where: readme.details(CPU, link_from=where, models=fairkv.studies.figure_models("cpu")),
-        readme.BEYOND: lambda where: readme.beyond(CPU, link_from=where),
+        readme.DETAILS: lambda where: readme.details(CPU, CATALOGUE, link_from=where),
+        readme.BEYOND: lambda where: readme.beyond(CPU, CATALOGUE, link_from=where),
     }
     for page, text in pages.items():
         committed = (ROOT / page).read_text()
@@ -99,20 +101,20 @@ def test_the_claims_why_in_a_phrase():
 def test_write_replaces_only_the_text_between_the_markers(tmp_path):
     page = tmp_path / "README.md"
     page.write_text(f"# x\n\nbefore\n{readme.BEGIN}\nold numbers 0.99\n{readme.END}\nafter\n")
-    readme.write(page, CPU)
+    readme.write(page, CPU, CATALOGUE)
     text = page.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{readme.END}\nafter\n") and "0.99\n" not in text
-    assert readme.written(page) == readme.section(CPU, link_from=tmp_path)
+    assert readme.written(page) == readme.section(CPU, CATALOGUE, link_from=tmp_path)
     page.write_text("no markers here\n")
     with pytest.raises(readme.ReadmeError, match="needs one"):
-        readme.write(page, CPU)
+        readme.write(page, CPU, CATALOGUE)
     with pytest.raises(readme.ReadmeError, match="no \\*_paper_vs_us.csv table"):
-        readme.section(tmp_path)
+        readme.section(tmp_path, CATALOGUE)
     (tmp_path / "tables").mkdir()
     for name in ("03_paper_vs_us.csv", "03_fig4_benign_refusals.csv"):
         (tmp_path / "tables" / name).write_bytes((CPU / "tables" / name).read_bytes())
     with pytest.raises(readme.ReadmeError, match="03_fig4_capped.csv is missing: run the notebook"):
-        readme.section(tmp_path)
+        readme.section(tmp_path, CATALOGUE)
 
 
 def _claims(**verdict_of) -> pd.DataFrame:
@@ -203,33 +205,34 @@ def test_coverage_reads_each_item_off_the_folder(tmp_path):
         (where / "tables").mkdir(parents=True)
     (folder / "04_fig7_keep_rates.png").write_bytes(b"png")
     (synthetic / "08_fig19_trec_1k.png").write_bytes(b"png")
-    table = coverage.table(folder).set_index("item")
+    unnamed = coverage.Catalogue(CATALOGUE.items)  # no figure on another model than the profile's
+    table = unnamed.table(folder).set_index("item")
     assert table.loc["Fig 7", "status"] == coverage.REAL and table.loc["Fig 7", "ours"] == "04_fig7_keep_rates.png"
     assert table.loc["Fig 7", "model"] == studies.PROFILES["cpu"].model == "qwen2.5-coder-1.5b"
     assert table.loc["Figs 19-22", "status"] == coverage.PIPELINE
-    assert table.loc["Figs 19-22", "note"] == coverage.SYNTHETIC
+    assert table.loc["Figs 19-22", "note"] == trec.SYNTHETIC
     assert table.loc["Fig 8", "status"] == coverage.MISSING and "run notebook 05" in table.loc["Fig 8", "note"]
     assert table.loc["Table 2", "status"] == coverage.NOT_PRODUCED and "checklist" in table.loc["Table 2", "note"]
     assert table.loc["Table 2", "model"] == ""
     assert table.loc["Table 4", "status"] == coverage.MISSING  # notebook 08's lambda sweep has not run here
     (folder / "08_fig19_trec_1k.png").write_bytes(b"png")  # from LongBench's real data
-    assert coverage.table(folder).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
-    assert coverage.table(tmp_path).set_index("item").loc["Fig 7", "model"] == ""  # no profile's folder
+    assert unnamed.table(folder).set_index("item").loc["Figs 19-22", "status"] == coverage.REAL
+    assert unnamed.table(tmp_path).set_index("item").loc["Fig 7", "model"] == ""  # no profile's folder
     (folder / "04_fig10_keep_rates.png").write_bytes(b"png")  # Fig 10: a second model, as the studies name it
-    named = coverage.table(folder, models=fairkv.studies.figure_models("cpu")).set_index("item")
+    named = CATALOGUE.table(folder).set_index("item")
     assert named.loc["Fig 10", "model"] == "smollm2-135m" and named.loc["Fig 7", "model"] == "qwen2.5-coder-1.5b"
     with pytest.raises(coverage.CoverageError, match="neither an item of the paper"):
-        coverage.first_file(folder, "Figure 4")
+        CATALOGUE.first_file(folder, "Figure 4")
 
 
 def test_every_committed_item_is_where_coverage_says():
     """At the committed cpu profile no declared item is missing, every item from Fig 2a to Table 4 is listed once, and
     every claim's figure resolves to a committed file."""
-    table = coverage.table(CPU)
+    table = CATALOGUE.table(CPU)
     assert coverage.MISSING not in set(table["status"])
     assert table["item"].is_unique and table["item"].iloc[0] == "Fig 2a" and table["item"].iloc[-1] == "Table 4"
     claims = pd.concat(pd.read_csv(path, keep_default_na=False) for path in (CPU / "tables").glob("*_paper_vs_us.csv"))
-    unresolved = sorted({figure for figure in claims["figure"] if coverage.first_file(CPU, figure) is None})
+    unresolved = sorted({figure for figure in claims["figure"] if CATALOGUE.first_file(CPU, figure) is None})
     assert not unresolved
 
 
@@ -260,3 +263,19 @@ def test_summary_headline_recounts_from_the_claim_declarations():
         )
         assert expected in written, expected
     assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in written
+
+
+def test_the_paper_items_are_read_in_the_papers_order_once_each():
+    """Each study module declares the paper's items its notebook makes: gathered, they run Fig 2a ... Fig 26, then
+    Table 1 ... Table 4, one line each; Fig 13, which notebooks 05 and 06 each make half of, is one item of both
+    notebooks; an item declared twice as showing different things, or named outside the paper's scheme, is refused."""
+    items = [item.item for item in CATALOGUE.items]
+    assert items[:4] == ["Fig 2a", "Fig 2b", "Fig 3", "Fig 4"] and items[-4:] == [f"Table {n}" for n in range(1, 5)]
+    assert items.index("Fig 9") < items.index("Fig 10") < items.index("Figs 11-12") < items.index("Fig 13")
+    assert len(items) == len(set(items)) == 22
+    fig13 = next(item for item in CATALOGUE.items if item.item == "Fig 13")
+    assert fig13.notebook == "05, 06" and fig13.files == ("05_fig13_defense", "06_fig13_defense")
+    with pytest.raises(coverage.CoverageError, match="declared twice"):
+        coverage.in_paper_order([coverage.Item("Fig 3", "one thing"), coverage.Item("Fig 3", "another")])
+    with pytest.raises(coverage.CoverageError, match="is not named"):
+        coverage.in_paper_order([coverage.Item("Figure 3", "x")])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -116,13 +115,13 @@ def reasons(why: str) -> list[str]:
     return said
 
 
-def _figure(row, folder: Path, link_from: Path) -> str:
+def _figure(row, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The claim's figure item, linked to its first file where the folder has it."""
-    target = coverage.first_file(folder, row.figure)
+    target = catalogue.first_file(folder, row.figure)
     return row.figure if target is None else coverage.link(target, link_from, row.figure)
 
 
-def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
+def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The paper's claims, one line each: the claim's and the paper's words before their details, our estimate (the
     first part of the claim table's), the verdicts and the why in a phrase (in full: the results page)."""
     rows = [
@@ -134,14 +133,14 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
             "magnitude": row.magnitude,
             "mechanism": row.mechanism,
             "why": "; ".join(reasons(row.why)),
-            "figure": _figure(row, folder, link_from),
+            "figure": _figure(row, folder, link_from, catalogue),
         }
         for row in claims.itertuples()
     ]
     return markdown(pd.DataFrame(rows))
 
 
-def in_full(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
+def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The paper's claims, one line each, in full: the claim's words, n and the whole why."""
     rows = [
         {
@@ -154,7 +153,7 @@ def in_full(claims: pd.DataFrame, folder: Path, link_from: Path) -> str:
             "magnitude": row.magnitude,
             "mechanism": row.mechanism,
             "why": row.why,
-            "figure": _figure(row, folder, link_from),
+            "figure": _figure(row, folder, link_from, catalogue),
         }
         for row in claims.itertuples()
     ]
@@ -182,12 +181,12 @@ def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
     ]
 
 
-def figures_at_full_width(folder: Path, link_from: Path, shown) -> list[str]:
+def figures_at_full_width(folder: Path, link_from: Path, shown, catalogue: coverage.Catalogue) -> list[str]:
     """Each of ``shown`` ((file stem or paper item, caption)) as a full-width image under its caption; one not in
     the folder is left out."""
     out = []
     for name, caption in shown:
-        path = coverage.first_file(folder, name)
+        path = catalogue.first_file(folder, name)
         if path is not None:
             out += [caption, "", f"!{coverage.link(path, link_from)}", ""]
     return out
@@ -238,9 +237,10 @@ def confounds(folder: Path, profile: str) -> list[str]:
     ]
 
 
-def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None) -> str:
+def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, link_from: Path | None = None) -> str:
     """The README's results section for the tables in ``folder`` (links relative to ``link_from``, the README's
-    folder; default the folder's grandparent, the repository root for ``figures/<profile>``)."""
+    folder; default the folder's grandparent, the repository root for ``figures/<profile>``); the paper's items from
+    ``catalogue`` (``fairkv.studies.catalogue``)."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent
     found = paper_claims(folder)
@@ -257,9 +257,9 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
             "Mechanism, for a mitigation: the paper's (the attack's refusal restored), other, inconclusive. In full, "
             f"with the settings and where each mitigation helps and hurts: {details}.",
             "",
-            at_a_glance(found, folder, link_from),
+            at_a_glance(found, folder, link_from, catalogue),
             "",
-            *figures_at_full_width(folder, link_from, KEY_FIGURES),
+            *figures_at_full_width(folder, link_from, KEY_FIGURES, catalogue),
             "### Known confounds",
             "",
             *confounds(folder, profile),
@@ -267,11 +267,9 @@ def section(folder: Path, profile: str = PROFILE, link_from: Path | None = None)
     )
 
 
-def details(
-    folder: Path, profile: str = PROFILE, link_from: Path | None = None, models: Mapping[str, str] | None = None
-) -> str:
+def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, link_from: Path | None = None) -> str:
     """The results page (``DETAILS``) for the tables in ``folder``, links relative to ``link_from`` (its folder);
-    ``models`` names the model of each figure not on the profile's (``fairkv.studies.figure_models``)."""
+    the paper's items and the model of each figure from ``catalogue`` (``fairkv.studies.catalogue``)."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent / DETAILS.parent
     found = paper_claims(folder)
@@ -296,14 +294,14 @@ def details(
             f"Each claim with its parts: {coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the "
             f"paper: {coverage.link(link_from / 'beyond_the_paper.md', link_from)}.",
             "",
-            in_full(found, folder, link_from),
+            in_full(found, folder, link_from, catalogue),
             "",
             "## The paper's figures, ours",
             "",
-            *figures_at_full_width(folder, link_from, [(item, f"{item}:") for item in GALLERY]),
+            *figures_at_full_width(folder, link_from, [(item, f"{item}:") for item in GALLERY], catalogue),
             "## Coverage: every figure and table of the paper",
             "",
-            markdown(coverage.table(folder, link_from, models)),
+            markdown(catalogue.table(folder, link_from)),
             "",
         ]
     )
@@ -332,7 +330,7 @@ OURS = {
 }
 
 
-def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) -> str:
+def beyond(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, link_from: Path | None = None) -> str:
     """The page of our own claims beyond the paper (``BEYOND``): per notebook of ``OURS`` what it measures, its
     claims one line each with their whole why, its figures at full width and links to its tables."""
     folder = Path(folder)
@@ -361,7 +359,7 @@ def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) 
                 "direction": row.verdict,
                 "kind": row.status,
                 "why": row.why,
-                "figure": _figure(row, folder, link_from),
+                "figure": _figure(row, folder, link_from, catalogue),
             }
             for row in ours.itertuples()
         ]
@@ -374,16 +372,17 @@ def beyond(folder: Path, profile: str = PROFILE, link_from: Path | None = None) 
             "",
             markdown(pd.DataFrame(rows)),
             "",
-            *figures_at_full_width(folder, link_from, [(name, f"`{name}`:") for name in shown]),
+            *figures_at_full_width(folder, link_from, [(name, f"`{name}`:") for name in shown], catalogue),
             f"Tables: {', '.join(linked)}.",
             "",
         ]
     return "\n".join(parts)
 
 
-def write(readme: Path, folder: Path, profile: str = PROFILE, models: Mapping[str, str] | None = None) -> Path:
+def write(readme: Path, folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE) -> Path:
     """Replace the text between ``BEGIN`` and ``END`` in ``readme`` with ``section``, and write the results page
-    (``details``, ``DETAILS``, with ``models``) and the page beyond the paper (``beyond``, ``BEYOND``) beside it."""
+    (``details``, ``DETAILS``) and the page beyond the paper (``beyond``, ``BEYOND``) beside it; the paper's items
+    from ``catalogue``."""
     readme = Path(readme)
     text = readme.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
@@ -391,13 +390,13 @@ def write(readme: Path, folder: Path, profile: str = PROFILE, models: Mapping[st
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
     pages = {
-        DETAILS: lambda where: details(folder, profile, where, models),
-        BEYOND: lambda where: beyond(folder, profile, where),
+        DETAILS: lambda where: details(folder, catalogue, profile, where),
+        BEYOND: lambda where: beyond(folder, catalogue, profile, where),
     }
     for page, text in pages.items():
         (readme.parent / page).parent.mkdir(parents=True, exist_ok=True)
         (readme.parent / page).write_text(text((readme.parent / page).parent))
-    readme.write_text(f"{head}{BEGIN}\n{section(folder, profile, readme.parent)}\n{END}{tail}")
+    readme.write_text(f"{head}{BEGIN}\n{section(folder, catalogue, profile, readme.parent)}\n{END}{tail}")
     return readme
 
 

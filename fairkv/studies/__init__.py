@@ -6,18 +6,20 @@ at each profile), its minutes (``MINUTES``), the claims it tests, declared once 
 ``paper_vs_us`` turns a study's measurements into its table, one line per claim; ``family`` counts the claims every
 study declares (the Bonferroni family); ``thresholds`` states each claim's own bounds and margins with their reasons
 (SUMMARY's preamble); ``every`` / ``study`` / ``sweeps`` the studies by name, ``expected_minutes`` what ``fairkv
-reproduce`` announces, ``figure_models`` the model each figure is on."""
+reproduce`` announces, ``figure_models`` the model each figure is on, ``catalogue`` the paper's items each module
+declares (its ``ITEMS``, for ``fairkv.report.coverage``)."""
 
 from __future__ import annotations
 
 import importlib
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
-from fairkv.report import claims, mitigations, summary
+from fairkv.report import claims, coverage, mitigations, summary
 from fairkv.report.noise import Noise
 from fairkv.runs import redecode
 from fairkv.runs import studies as machinery
@@ -108,6 +110,25 @@ def figure_models(profile: str) -> dict[str, str]:
         model = chosen.grid(profile).model if chosen.axes is not None else getattr(scale, "model", None)
         found |= {figure: model or machinery.profile(profile).model for figure in chosen.figures}
     return found
+
+
+NOT_IN_CHECKLIST = (
+    "not in the checklist of figures and tables fairkv reproduces (the paper's main-text and appendix "
+    "results it reports numbers for)"
+)
+UNLISTED = (  # the paper's items no study makes, and why
+    coverage.Item("Figs 11-12", "", note=NOT_IN_CHECKLIST),
+    coverage.Item("Table 2", "", note=NOT_IN_CHECKLIST),
+)
+
+
+def catalogue(profile: str) -> coverage.Catalogue:
+    """Every item of the paper (``fairkv.report.coverage``): those each study module declares (its ``ITEMS``, with
+    its notebook), and ``UNLISTED``; with the model each figure is on at ``profile`` (``figure_models``)."""
+    items = [
+        replace(item, notebook=notebook) for notebook in MODULES for item in getattr(module(notebook), "ITEMS", ())
+    ]
+    return coverage.Catalogue(coverage.in_paper_order([*items, *UNLISTED]), figure_models(profile))
 
 
 def declared() -> list[claims.Claim]:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
+from fairkv.report.coverage import Item
 from fairkv.runs.studies import BOTH_ORDERS, CI_PROMPTS, CPU_MITIGATION_RATIOS, LAMBDAS, Fields, Scale, Study
 from fairkv.studies import reading
 
@@ -36,6 +37,19 @@ STUDY = Study(
     figures=("07_fig15_lambda_plane", "07_table3_pareto", "07_paper_vs_us"),
 )
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 07 makes (fairkv.report.coverage)
+    Item(
+        "Figs 15-16",
+        "accuracy against leakage per lambda (IFEval, StreamingLLM), both orders",
+        ("07_fig15_lambda_plane",),
+    ),
+    Item(
+        "Table 3",
+        "Pareto frequency per lambda (IFEval, StreamingLLM)",
+        ("07_table3_pareto",),
+        "over the ratios above 0 (every lambda ties at r = 0)",
+    ),
+)
 MINUTES = {"ci": 0.4, "cpu": 111}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

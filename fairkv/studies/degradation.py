@@ -15,6 +15,7 @@ import seaborn as sns
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Part
 from fairkv.report.figures import suptitle
+from fairkv.report.coverage import Item
 from fairkv.runs.studies import CI_PROMPTS, GROWN_BENIGN, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 
@@ -32,6 +33,15 @@ STUDY = Study(
     figures=("01_fig2a_class_accuracy", "01_fig2b_spearman", "01_benign_refusals", "01_paper_vs_us"),
 )
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 01 makes (fairkv.report.coverage)
+    Item(
+        "Fig 2a",
+        "accuracy per IFEval instruction class vs r, single- vs multi-instruction prompts",
+        ("01_fig2a_class_accuracy",),
+        "StreamingLLM, as the paper's",
+    ),
+    Item("Fig 2b", "Spearman rho(r) of class accuracy, single vs multi", ("01_fig2b_spearman",)),
+)
 MINUTES = {"ci": 0.4, "cpu": 63}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

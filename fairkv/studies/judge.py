@@ -17,6 +17,7 @@ from scipy import stats
 from fairkv.core.metrics import LEAK_THRESHOLD
 from fairkv.report import analysis, outcomes, verdicts
 from fairkv.report.claims import NO_NUMBER, OURS, Claim, Measured, Number, Part
+from fairkv.report.coverage import Item
 from fairkv.runs.judge import Plan
 from fairkv.runs.studies import Study
 from fairkv.studies import fair, mechanism, reading
@@ -53,6 +54,14 @@ STUDY = Study(
 )
 JUDGED = fair.STUDY  # the study whose attack answers the judge rates
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 10 makes (fairkv.report.coverage)
+    Item(
+        "Figs 25-26",
+        "LLM judge: leak rate and severity vs r",
+        ("10_fig25_judge_leak_rate", "10_fig26_judge_severity"),
+        "the judge is the audited model judging its own answers (the paper's is a larger model)",
+    ),
+)
 MINUTES = {"ci": 0.8, "cpu": 35}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

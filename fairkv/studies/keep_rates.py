@@ -14,6 +14,7 @@ import seaborn as sns
 from fairkv.report import verdicts
 from fairkv.report.claims import SANITY, Claim, Measured, Number, Part
 from fairkv.report.figures import label_policies, span_keep_rates, suptitle
+from fairkv.report.coverage import Item
 from fairkv.runs.studies import BASE, BOTH_ORDERS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
@@ -47,6 +48,20 @@ SECOND = Study(
     figures=("04_fig10_keep_rates",),
 )
 STUDIES = (STUDY, SECOND)
+ITEMS = (  # the paper's items notebook 04 makes (fairkv.report.coverage)
+    Item(
+        "Fig 7",
+        "keep rate of the defense and the directive vs r, both orders",
+        ("04_fig7_keep_rates",),
+        "our model's keep rates (the paper's Fig 7 is Llama-3.1-8B)",
+    ),
+    Item(
+        "Fig 10",
+        "Fig 7 on a second model",
+        ("04_fig10_keep_rates",),
+        "a second architecture (the paper's is Qwen2.5-14B): keep rates need no instruction following",
+    ),
+)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: Qwen's 9,200 keep-rate rows (5 min), then
 # SmolLM2's 9,200 (32 min 38 s measured beside a CI run on 12-04, so about 15 alone: an upper-side estimate)
 MINUTES = {"ci": 0.3, "cpu": 20}

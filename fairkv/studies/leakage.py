@@ -9,6 +9,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
+from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, Fields, Scale, Study
 from fairkv.studies import reading
@@ -39,6 +40,16 @@ STUDY = Study(
     ),
 )
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
+    Item(
+        "Fig 4",
+        "normal order: directive accuracy and leakage vs r",
+        ("03_fig4_normal", "03_fig4_compliance"),
+        "with benign refusals, answers cut at the token cap and attack refusals beside",
+    ),
+    Item("Fig 5", "flipped order: directive accuracy and leakage vs r", ("03_fig5_flipped",)),
+    Item("Fig 6", "defense leakage vs r", ("03_fig6_defense", "03_fig6_defense_raw")),
+)
 MINUTES = {"ci": 0.8, "cpu": 71}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import Claim, Measured, Part
+from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import CI_PROMPTS, GROWN_BENIGN, Fields, Scale, Study
 from fairkv.studies import reading
@@ -30,6 +31,14 @@ STUDY = Study(
     figures=("02_fig3_accuracy", "02_fig3_spearman", "02_benign_refusals", "02_paper_vs_us"),
 )
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 02 makes (fairkv.report.coverage)
+    Item(
+        "Fig 3",
+        "mean accuracy and rho vs r for the five policies",
+        ("02_fig3_accuracy", "02_fig3_spearman"),
+        "one model (the paper shows two)",
+    ),
+)
 MINUTES = {"ci": 0.6, "cpu": 100}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

@@ -21,6 +21,7 @@ from fairkv.core.presses import POLICIES
 from fairkv.report import verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.report.figures import every_ratio, label_policies, palette, suptitle
+from fairkv.report.coverage import Item
 from fairkv.runs.runtime import Plan, per_100, summarise
 from fairkv.runs.studies import TEN_RATIOS, Study
 from fairkv.studies import reading
@@ -63,6 +64,14 @@ STUDY = Study(
     sweep=False,
 )
 STUDIES = (STUDY,)
+ITEMS = (  # the paper's items notebook 09 makes (fairkv.report.coverage)
+    Item(
+        "Figs 23-24",
+        "compression and decoding cost of H2O, + whitelist, + fair",
+        ("09_fig23_runtime",),
+        "measured on this CPU in bfloat16 (the paper: one RTX A6000)",
+    ),
+)
 MINUTES = {"ci": 0.7, "cpu": 5}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 

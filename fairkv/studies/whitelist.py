@@ -11,6 +11,7 @@ import pandas as pd
 
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Mechanism, Number, Part
+from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import CI_MITIGATION_RATIOS, CI_PROMPTS, CPU_MITIGATIONS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import mechanism, reading
@@ -37,6 +38,11 @@ STUDY = Study(
     ),
 )
 STUDIES = (STUDY,)
+FIG13 = "defense leakage with the whitelist and with fair eviction"  # Fig 13: notebooks 05 and 06 make a half each
+ITEMS = (  # the paper's items notebook 05 makes (fairkv.report.coverage)
+    Item("Fig 8", "whitelist before / after", ("05_fig8_whitelist",)),
+    Item("Fig 13", FIG13, ("05_fig13_defense",)),
+)
 MINUTES = {"ci": 0.8, "cpu": 176}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
 
 
