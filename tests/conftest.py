@@ -29,20 +29,22 @@ def smollm() -> models.LoadedModel:
 
 @pytest.fixture(scope="session")
 def qwen() -> models.LoadedModel:
-    """The cpu profile's model at its precision (Qwen2.5-Coder-1.5B, bfloat16, eager attention as the engine needs),
-    loaded once for the defense compliance checks."""
-    return models.load_model(QWEN, dtype=torch.bfloat16)
+    """The cpu profile's model at its precision (Qwen2.5-Coder-1.5B, bfloat16, eager attention as the engine needs;
+    float32 on a CPU without bfloat16 arithmetic: ``models.live_dtype``), loaded once for the defense compliance
+    checks."""
+    return models.load_model(QWEN, dtype=getattr(torch, models.live_dtype("bfloat16")))
 
 
 @pytest.fixture(scope="session")
 def qwen_judge() -> models.LoadedModel:
     """The cpu profile's judge as notebook 10 loads it (``judge.load_judge``: Qwen in bfloat16, SDPA attention; with
-    eager attention its scores on the calibration set differ), loaded once for the judge's checks."""
+    eager attention its scores on the calibration set differ; float32 on a CPU without bfloat16 arithmetic:
+    ``models.live_dtype``), loaded once for the judge's checks."""
     from fairkv.runs import judge
     from fairkv.studies import judge as judge_study
 
     chosen = judge_study.STUDY.plan("cpu")
-    return judge.load_judge(chosen.judge, chosen.dtype)
+    return judge.load_judge(chosen.judge, models.live_dtype(chosen.dtype))
 
 
 @pytest.fixture(scope="session")

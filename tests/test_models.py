@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,21 @@ def test_second_load_uses_the_cache(smollm, monkeypatch):
     again = models.load_model("smollm2-135m")
     assert again.checksum == models.EMBEDDED["smollm2-135m"].sha256
     assert again.model.config._attn_implementation == "eager"
+
+
+def test_bfloat16_arithmetic_is_read_off_the_cpu_and_decides_the_live_precision(monkeypatch):
+    """On a Linux x86 CPU without a GPU, oneDNN's bfloat16 kernels are there exactly where AVX512 is (AVX512-BF16 or
+    AMX natively, AVX512 alone by conversion) and absent on an AVX2-only CPU; the live precision of a bfloat16
+    profile is float32 only where they are absent, and another precision is never changed."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and models.default_device() is None and "flags" in cpuinfo.read_text():
+        flags = set(next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split())
+        if {"avx512_bf16", "amx_bf16"} & flags:
+            assert models.bfloat16_arithmetic()
+        if "avx512f" not in flags:
+            assert not models.bfloat16_arithmetic()
+    assert models.live_dtype("float32") == "float32"
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)
+    assert models.live_dtype("bfloat16") == "float32"
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: True)
+    assert models.live_dtype("bfloat16") == "bfloat16"

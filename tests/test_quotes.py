@@ -94,6 +94,24 @@ QUOTES = (
         r"(\d+) of them flip prompt-level",
     ),
     Quote(
+        "docs/benchmarks.md",
+        r"a decoding step's matmul runs at ([\d.]+) GFLOP/s",
+        RESULTS / "bfloat16_avx2.txt",
+        r"torch.bfloat16: ([\d.]+) GFLOP/s",
+    ),
+    Quote(
+        "docs/benchmarks.md",
+        r"GFLOP/s against float32's ([\d.]+),",
+        RESULTS / "bfloat16_avx2.txt",
+        r"torch.float32: ([\d.]+) GFLOP/s",
+    ),
+    Quote(
+        "docs/benchmarks.md",
+        r"Qwen's prefill (\d+) times slower",
+        RESULTS / "bfloat16_avx2.txt",
+        r"qwen2.5-coder-1.5b, one 100-token prefill: .* \((\d+)\.\dx\)",
+    ),
+    Quote(
         "notebooks/03_pitfalls3_4_leakage.ipynb",
         r"against the whole template it scores ROUGE-L recall ([\d.]+)",
         value=_refusal_against_the_template,
