@@ -2,11 +2,11 @@
 and why not where it does not.
 
 Each study module declares the paper's items its notebook makes (``ITEMS``: what each shows and our files for it;
-``fairkv.studies.catalogue`` gathers them into a ``Catalogue``, with the items not in our checklist);
-``Catalogue.table`` reads a figures folder (``figures/<profile>/``) and says per item on which model it was produced, and whether
-from real data, as a pipeline check only (notebook 08 on fairkv's synthetic TREC file when LongBench's data is absent:
-its files in the synthetic folder beside, ``fairkv.core.paths.synthetic_dir``), not produced (and why), or is missing
-from the folder (its notebook has not run). The results page's coverage table and the claims'
+``fairkv.studies.catalogue`` gathers them into a ``Catalogue``, with the items not in our checklist).
+``Catalogue.table`` reads a figures folder (``figures/<profile>/``) and says per item on which model it was produced,
+and whether from real data, as a pipeline check only (notebook 08 on fairkv's synthetic TREC file when LongBench's
+data is absent: its files in the synthetic folder beside, ``fairkv.core.paths.synthetic_dir``), not produced (and
+why), or is missing from the folder (its notebook has not run). The results page's coverage table and the claims'
 figure links come from here (``fairkv.report.readme``).
 """
 
