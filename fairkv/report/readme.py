@@ -3,7 +3,8 @@
 ``section`` reads a figures folder (``figures/<profile>/``: the notebooks' paper-vs-us tables and the tables the
 confounds quote) and returns the README's part: the bottom line in three sentences (what reproduces, what does not,
 why), the paper's claims one line each (claim | paper | ours [95%] | direction | magnitude | mechanism | why, in a
-phrase | figure), the two figures that show the pitfall best at full width, and the known confounds, each number from
+phrase | figure), the three figures that show the pitfall and its mechanism best at full width, and the known
+confounds, each number from
 its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line in full with where each
 mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with its whole why, the
 paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the first
@@ -27,7 +28,8 @@ BEGIN = "<!-- results: written by `fairkv reproduce` from figures/cpu/ (fairkv.r
 END = "<!-- end of results -->"
 DETAILS = Path("docs") / "results.md"  # the full results page, beside the README
 BEYOND = Path("docs") / "beyond_the_paper.md"  # our own claims and figures (notebooks 11-12), beside the README
-# the two figures the README shows at full width: the refusal collapse and the eviction bias behind it
+# the figures the README shows at full width: the refusal collapse, the eviction bias behind it, and the operative words
+# whose eviction the refusal follows (issue 51: the paper's mechanism, measured)
 KEY_FIGURES = (
     (
         "03_fig4_compliance",
@@ -37,6 +39,12 @@ KEY_FIGURES = (
     (
         "04_fig7_keep_rates",
         "Why: the policies keep the defense and the directive at different rates (Fig 7, both orders).",
+    ),
+    (
+        "06_operative",
+        "The mechanism: the attack is refused as often as the cache keeps the defense's operative words (its "
+        "instruction to refuse and its scripted reply; right); fair eviction keeps more of the defense but not "
+        "always those words (triangles below the diagonal).",
     ),
 )
 GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
@@ -313,10 +321,11 @@ OURS = {
         "Notebook 11: the paper's open questions",
         "More instruction spans (2-8 IFEval spans per prompt: does fair eviction end the starvation of small spans, "
         "and does compliance follow?), every RaccoonBench attack category (does the lost refusal and its repair hold "
-        "beyond the paper's one attack?) and defense strength (does a longer or shorter defense template move the "
-        "critical ratio?).",
-        ("11_attacks_refusal", "11_spans", "11_defense_strength"),
-        ("11_spans_starvation", "11_attacks", "11_defense_critical_ratio"),
+        "beyond the paper's one attack?), defense strength (does a longer or shorter defense template move the "
+        "critical ratio?) and where the defense's operative words sit (does fair eviction keep the refusal when "
+        "they sit where it keeps tokens?).",
+        ("11_attacks_refusal", "11_spans", "11_defense_strength", "11_geometry"),
+        ("11_spans_starvation", "11_attacks", "11_defense_critical_ratio", "11_geometry_cells"),
     ),
     "12": (
         "Notebook 12: the press atlas",
