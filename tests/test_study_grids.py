@@ -114,6 +114,23 @@ BOTH = ("normal", "flipped")
 STREAMING = ("streamingllm",)
 
 
+def test_fig4s_accuracy_on_every_policy_reads_cells_other_studies_run():
+    """Fig 4's accuracy side on all five policies (issue 51 item 5) computes no cell of its own: at the cpu profile its
+    cells (normal order, 100 prompts, r = 0 and 0.4-0.7) are the whitelist study's benign base cells, at ci the
+    leakage study's; the notebook counts a cell both studies hold once."""
+    accuracy = leakage.ACCURACY
+    (part,) = accuracy.parts("cpu")
+    assert (len(part.policies), part.orders, part.n_prompts, part.queries) == (5, ("normal",), 100, ("benign",))
+    assert _cells(accuracy, "cpu") <= _cells(study("whitelist"), "cpu")
+    assert _cells(accuracy, "ci") <= _cells(leakage.STUDY, "ci")
+    rows = pd.DataFrame({"key": [1, 1], "cell_id": ["a", "a"], "policy": ["h2o"] * 2, "variant": ["base"] * 2})
+    assert len(leakage.joined(rows.assign(lam=1.0), rows.assign(lam=1.0, extra=0))) == 1
+
+
+def _cells(chosen, profile: str) -> set[str]:
+    return set().union(*(experiment.cell_ids(part) for part in chosen.parts(profile)))
+
+
 def test_added_cells_count_a_cell_two_studies_share_once():
     """The sizes behind the minutes and scaleout's estimate: at the cpu profile Fig 3's grid holds Fig 2's
     StreamingLLM cells (r = 0, 0.3, 0.5, 0.7, 0.9), so it adds 1600 of its 2100; the same count as the ids the store

@@ -11,7 +11,7 @@ from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
 from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
-from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, Fields, Scale, Study
+from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, NORMAL, TABLE1_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
 
@@ -39,7 +39,23 @@ STUDY = Study(
         "03_paper_vs_us",
     ),
 )
-STUDIES = (STUDY,)
+# Fig 4's accuracy side on all five policies (issue 51 item 5): at the cpu profile the leakage study's benign side is
+# StreamingLLM's (both orders), and the normal order's IFEval rows of the other four are the mitigation studies' (05-06:
+# base, 100 prompts, 256 new tokens, r = 0 and 0.4-0.7), so this study reads them and computes nothing there; at the
+# ci and paper profiles its cells are the leakage study's own
+ACCURACY = Study(
+    "leakage_accuracy",
+    "03",
+    "Fig 4's accuracy side on every policy",
+    Fields(orders=NORMAL, variants=BASE, queries=("benign",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS),
+        "cpu": Scale(ratios=(0.0, *TABLE1_RATIOS), benign=dict(orders=NORMAL, **GROWN_SIDE)),
+        "paper": Scale(n_prompts=100),
+    },
+)
+STUDIES = (STUDY, ACCURACY)
+ROW = ["key", "cell_id", "policy", "variant", "lam"]  # one row of a cell (the r = 0 cell: one per policy and variant)
 ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item(
         "Fig 4",
@@ -51,6 +67,11 @@ ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item("Fig 6", "defense leakage vs r", ("03_fig6_defense", "03_fig6_defense_raw")),
 )
 MINUTES = {"ci": 0.8, "cpu": 71}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
+
+def joined(rows: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
+    """The leakage study's rows with the accuracy study's (a cell both hold counted once)."""
+    return pd.concat([rows, accuracy], ignore_index=True).drop_duplicates(ROW, ignore_index=True)
 
 
 PEAK_POLICIES = ("streamingllm", "snapkv", "h2o", "knorm")  # Fig 4's order of peak leakage, highest first
