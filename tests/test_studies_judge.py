@@ -124,8 +124,7 @@ def test_the_rank_agreement_keeps_a_prompt_the_bootstrap_draws_twice():
             {"key": "D", "cell_id": "d2", "judge_expected": 5.0, analysis.LEAKAGE: 5.0},
         ]
     )
-    members = [np.flatnonzero(rows["key"].to_numpy() == k) for k in ("B", "C", "D")]
-    drawn = verdicts._draw(rows, "key", members, np.array([0, 0, 1, 2]))
+    drawn = verdicts._Units(rows, "key").draw(np.array([0, 0, 1, 2]))  # B, B, C, D
     assert sorted(set(drawn["key"])) == ["B", "B#1", "C", "D"] and "b#1" in set(drawn["cell_id"])
     assert judge._rank_agreement(drawn) == pytest.approx(13 / 19)
     once = drawn.assign(key=drawn["key"].str.split("#").str[0], cell_id=drawn["cell_id"].str.split("#").str[0])

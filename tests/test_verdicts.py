@@ -140,7 +140,7 @@ def test_resampled_counts_a_prompt_drawn_twice_twice():
     [0, 0, 1] names them 0, 0#1, 1; the count of distinct prompts is then always 10, never fewer (broken on purpose:
     without the renaming the interval is [5, 8])."""
     rows = pd.DataFrame([{"key": k, "cell_id": f"c{k}", "v": float(k)} for k in range(10)])
-    drawn = verdicts._draw(rows, "key", [np.array([k]) for k in range(10)], np.array([0, 0, 1]))
+    drawn = verdicts._Units(rows, "key").draw(np.array([0, 0, 1]))
     assert drawn["key"].tolist() == ["0", "0#1", "1"] and drawn["cell_id"].tolist() == ["c0", "c0#1", "c1"]
     distinct = verdicts.resampled(rows, lambda f: f.drop_duplicates("cell_id")["key"].nunique())
     assert (distinct.low, distinct.high) == (10, 10)

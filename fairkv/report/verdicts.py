@@ -302,36 +302,43 @@ def resampled(rows: pd.DataFrame, statistic, by: str = "key", n_boot: int = 400,
     stay paired); a unit drawn twice is renamed in its second copy (``by`` and, where present, ``cell_id`` get a
     suffix), so a statistic that groups or deduplicates by them counts it twice, as resampling with replacement means.
     Draws where the statistic is undefined (NaN) are left out, and the interval is NaN when more than half are."""
-    units = rows[by].to_numpy()
-    names, inverse = np.unique(units, return_inverse=True)
-    members = [np.flatnonzero(inverse == k) for k in range(len(names))]
+    units = _Units(rows, by)
     value = float(statistic(rows))
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(n_boot):
-        chosen = rng.integers(0, len(names), len(names))
-        draws.append(float(statistic(_draw(rows, by, members, chosen))))
+        chosen = rng.integers(0, units.n, units.n)
+        draws.append(float(statistic(units.draw(chosen))))
     draws = np.array(draws)
     valid = draws[~np.isnan(draws)]
-    if len(valid) < n_boot / 2 or len(names) < 2:
-        return Estimate(value, float("nan"), float("nan"), len(names))
+    if len(valid) < n_boot / 2 or units.n < 2:
+        return Estimate(value, float("nan"), float("nan"), units.n)
     return Estimate(
-        value, *_draws_interval(valid, LEVEL), len(names), "bootstrap", lambda level: _draws_interval(valid, level)
+        value, *_draws_interval(valid, LEVEL), units.n, "bootstrap", lambda level: _draws_interval(valid, level)
     )
 
 
-def _draw(rows: pd.DataFrame, by: str, members: list[np.ndarray], chosen: np.ndarray) -> pd.DataFrame:
-    """The rows of the ``chosen`` units, each repeat of a unit renamed (``<unit>#<copy>``) so it stays a unit of its
-    own."""
-    picked = rows.iloc[np.concatenate([members[k] for k in chosen])]
-    copies = np.concatenate([np.full(len(members[k]), c) for c, k in zip(_copy_numbers(chosen), chosen)])
-    if not copies.any():
-        return picked
-    suffix = np.where(copies > 0, np.char.add("#", copies.astype(str)), "")
-    renamed = {by: picked[by].astype(str).to_numpy() + suffix}
-    if "cell_id" in picked and by != "cell_id":
-        renamed["cell_id"] = picked["cell_id"].astype(str).to_numpy() + suffix
-    return picked.assign(**renamed)
+class _Units:
+    """The units of ``rows`` in column ``by`` (sorted), each with its rows, and the columns a repeated unit renames
+    (``by`` and, where present, ``cell_id``) as text, read once for all draws."""
+
+    def __init__(self, rows: pd.DataFrame, by: str):
+        names, inverse = np.unique(rows[by].to_numpy(), return_inverse=True)
+        self.rows, self.n = rows, len(names)
+        self.members = [np.flatnonzero(inverse == k) for k in range(self.n)]
+        renamed = [by] + (["cell_id"] if "cell_id" in rows and by != "cell_id" else [])
+        self.text = {column: rows[column].astype(str).to_numpy() for column in renamed}
+
+    def draw(self, chosen: np.ndarray) -> pd.DataFrame:
+        """The rows of the ``chosen`` units, each repeat of a unit renamed (``<unit>#<copy>``) so it stays a unit of
+        its own."""
+        index = np.concatenate([self.members[k] for k in chosen])
+        picked = self.rows.iloc[index]
+        copies = np.concatenate([np.full(len(self.members[k]), c) for c, k in zip(_copy_numbers(chosen), chosen)])
+        if not copies.any():
+            return picked
+        suffix = np.where(copies > 0, np.char.add("#", copies.astype(str)), "")
+        return picked.assign(**{column: text[index] + suffix for column, text in self.text.items()})
 
 
 def _copy_numbers(chosen: np.ndarray) -> list[int]:
