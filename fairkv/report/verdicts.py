@@ -302,20 +302,29 @@ def resampled(rows: pd.DataFrame, statistic, by: str = "key", n_boot: int = 400,
     stay paired); a unit drawn twice is renamed in its second copy (``by`` and, where present, ``cell_id`` get a
     suffix), so a statistic that groups or deduplicates by them counts it twice, as resampling with replacement means.
     Draws where the statistic is undefined (NaN) are left out, and the interval is NaN when more than half are."""
+    return resampled_each(rows, {"": statistic}, by, n_boot, seed)[""]
+
+
+def resampled_each(rows: pd.DataFrame, statistics: dict, by: str = "key", n_boot: int = 400, seed: int = 0) -> dict:
+    """``resampled`` for each of ``statistics`` (name -> statistic) over the same draws, each drawn once: what
+    ``resampled`` gives each of them alone (the same seed draws the same units)."""
     units = _Units(rows, by)
-    value = float(statistic(rows))
+    values = {name: float(statistic(rows)) for name, statistic in statistics.items()}
     rng = np.random.default_rng(seed)
-    draws = []
+    draws = {name: [] for name in statistics}
     for _ in range(n_boot):
-        chosen = rng.integers(0, units.n, units.n)
-        draws.append(float(statistic(units.draw(chosen))))
-    draws = np.array(draws)
+        drawn = units.draw(rng.integers(0, units.n, units.n))
+        for name, statistic in statistics.items():
+            draws[name].append(float(statistic(drawn)))
+    return {name: _bootstrap(values[name], np.array(draws[name]), n_boot, units.n) for name in statistics}
+
+
+def _bootstrap(value: float, draws: np.ndarray, n_boot: int, n: int) -> Estimate:
+    """A bootstrap estimate from its draws (NaN draws left out; no interval when more than half are NaN)."""
     valid = draws[~np.isnan(draws)]
-    if len(valid) < n_boot / 2 or units.n < 2:
-        return Estimate(value, float("nan"), float("nan"), units.n)
-    return Estimate(
-        value, *_draws_interval(valid, LEVEL), units.n, "bootstrap", lambda level: _draws_interval(valid, level)
-    )
+    if len(valid) < n_boot / 2 or n < 2:
+        return Estimate(value, float("nan"), float("nan"), n)
+    return Estimate(value, *_draws_interval(valid, LEVEL), n, "bootstrap", lambda level: _draws_interval(valid, level))
 
 
 class _Units:

@@ -149,18 +149,21 @@ def _policy(frame: pd.DataFrame, claim: Claim, policy: str, accuracy: str) -> tu
     orders = sorted(set(frame["order"]))
     pooled = "both orders pooled" if len(orders) > 1 else f"{orders[0]} order"
 
-    def estimate(statistic) -> verdicts.Estimate:
-        return dataclasses.replace(verdicts.resampled(frame, statistic), n=n)
+    def lead(rule: str, over: tuple[str, ...]):
+        return lambda f: _lead(frequencies(f, rule), policy, over)
 
-    def lead_of(rule: str, over) -> verdicts.Estimate:
-        return estimate(lambda f: _lead(frequencies(f, rule), policy, over))
+    def share(lam: float):
+        return lambda f: _share(frequencies(f, PAPER_RULE), policy, orders, lam)[0]
 
-    def share_of(lam: float) -> verdicts.Estimate:
-        return estimate(lambda f: _share(frequencies(f, PAPER_RULE), policy, orders, lam)[0])
+    overs = [tuple(orders)] + ([(order,) for order in orders] if len(orders) > 1 else [])
+    statistics = {(rule, over): lead(rule, over) for rule in analysis.PARETO_RULES for over in overs}
+    statistics.update({lam: share(lam) for lam in (1.0, 0.0)})
+    # every statistic over the same draws, each draw made once (verdicts.resampled_each)
+    estimates = {key: dataclasses.replace(e, n=n) for key, e in verdicts.resampled_each(frame, statistics).items()}
 
     parts, said, sizes, why = [], [], {}, ""
     for rule in analysis.PARETO_RULES:
-        gap = lead_of(rule, orders)
+        gap = estimates[(rule, tuple(orders))]
         parts.append(Part(f"{reading.label(policy)}, {rule} dominance, {pooled}", gap))
         counts = frequencies(frame, rule)
         shares = {lam: _share(counts, policy, orders, lam) for lam in sorted({lam for _, _, lam in counts})}
@@ -174,7 +177,7 @@ def _policy(frame: pd.DataFrame, claim: Claim, policy: str, accuracy: str) -> tu
             continue
         for lam, name in ((1.0, "lambda1"), (0.0, "lambda0")):
             if f"{policy}_{name}" in claim.numbers:
-                sizes[f"{policy}_{name}"] = share_of(lam)
+                sizes[f"{policy}_{name}"] = estimates[lam]
         if f"{policy}_lead" in claim.numbers:
             sizes[f"{policy}_lead"] = gap
         ratios = {order: read for (p, order, _), (_, read) in sorted(counts.items()) if p == policy}
@@ -188,7 +191,7 @@ def _policy(frame: pd.DataFrame, claim: Claim, policy: str, accuracy: str) -> tu
         for rule in analysis.PARETO_RULES:
             for order in orders:
                 label = f"{reading.label(policy)}, {rule} dominance, {order} order"
-                parts.append(Part(label, lead_of(rule, (order,)), decides=False))
+                parts.append(Part(label, estimates[(rule, (order,))], decides=False))
     text = f"{reading.label(policy)}, {pooled} (prompts: attack {attack}, benign {benign}): " + "; ".join(said)
     return parts, text, sizes, why, n
 
