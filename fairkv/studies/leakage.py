@@ -11,7 +11,8 @@ from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Number, Part
 from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
-from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, NORMAL, TABLE1_RATIOS, Fields, Scale, Study
+from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, TABLE1_RATIOS, Fields, Scale, Study
+from fairkv.runs.studies import NORMAL as NORMAL_ORDER
 from fairkv.studies import reading
 from fairkv.studies.reading import PEAK
 
@@ -47,15 +48,14 @@ ACCURACY = Study(
     "leakage_accuracy",
     "03",
     "Fig 4's accuracy side on every policy",
-    Fields(orders=NORMAL, variants=BASE, queries=("benign",)),
+    Fields(orders=NORMAL_ORDER, variants=BASE, queries=("benign",)),
     {
         "ci": Scale(n_prompts=CI_PROMPTS),
-        "cpu": Scale(ratios=(0.0, *TABLE1_RATIOS), benign=dict(orders=NORMAL, **GROWN_SIDE)),
+        "cpu": Scale(ratios=(0.0, *TABLE1_RATIOS), benign=dict(orders=NORMAL_ORDER, **GROWN_SIDE)),
         "paper": Scale(n_prompts=100),
     },
 )
 STUDIES = (STUDY, ACCURACY)
-ROW = ["key", "cell_id", "policy", "variant", "lam"]  # one row of a cell (the r = 0 cell: one per policy and variant)
 ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item(
         "Fig 4",
@@ -67,6 +67,9 @@ ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item("Fig 6", "defense leakage vs r", ("03_fig6_defense", "03_fig6_defense_raw")),
 )
 MINUTES = {"ci": 0.8, "cpu": 71}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+
+
+ROW = ["key", "cell_id", "policy", "variant", "lam"]  # one row of a cell (the r = 0 cell: one per policy and variant)
 
 
 def joined(rows: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
