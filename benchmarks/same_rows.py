@@ -103,7 +103,8 @@ def main() -> None:
         revision = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", args.base], check=True, capture_output=True, text=True
         ).stdout.strip()
-        subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "add", "-q", "--detach", str(work / "tree"), revision])
+        worktree = ["git", "-C", str(REPO_ROOT), "worktree", "add", "-q", "--detach", str(work / "tree"), revision]
+        subprocess.run(worktree, check=True)
         try:
             for name, tree in (("base", work / "tree"), ("here", REPO_ROOT)):
                 start = time.perf_counter()  # this script's compute, importing the fairkv of ``tree``
