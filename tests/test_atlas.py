@@ -17,6 +17,7 @@ from fairkv.runs import atlas
 from fairkv.runs.atlas import AtlasError
 from fairkv.runs.store import StoreError
 from fairkv.studies import atlas as atlas_study
+from fairkv.studies import mechanism
 
 
 def test_catalog_names_every_kvpress_press_with_how_or_why_not():
@@ -243,12 +244,10 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     restores = heads.loc[atlas_study.WHITELIST_RESTORES.id, "ours"]
     assert restores.startswith("whitelist - base SnapKV +0.85") and "KeyDiff +0.00" in restores
     assert "LagKV: identical to StreamingLLM, not counted" in restores
-    # the attack side alone cannot say what the whitelist costs benign queries: its mechanism stays open
+    # on 20 prompts, 0.95 against the uncompressed 1.00 is a rise whose return to within CLOSE_MARGIN of the
+    # uncompressed level is undecided (and the attack side alone cannot say what the whitelist costs benign queries)
     assert heads.loc[atlas_study.WHITELIST_RESTORES.id, "mechanism"] == verdicts.INCONCLUSIVE
-    assert (
-        "SnapKV inconclusive (refusal restored, its price not measured)"
-        in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]
-    )
+    assert f"SnapKV inconclusive ({mechanism.RAISED})" in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]
     assert "largest keep-rate difference 0.00" in heads.loc[atlas_study.LAGKV_IS_STREAMING.id, "ours"]
     many = {setting: [1] * 100 for setting in KEEPS}
     alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": many}), rows=rows)

@@ -61,13 +61,16 @@ def _refusal_against_the_template() -> str:
     return f"{metrics.leakage(templates['standard_defense'], prompts.SCRIPTED_REPLY):.2f}"
 
 
-CI_RUN, ESTIMATE = RESULTS / "ci_run.txt", RESULTS / "scaleout_estimate_paper.txt"
+CI_RUN, ESTIMATE = RESULTS / "ci_run_avx2.txt", RESULTS / "scaleout_estimate_paper.txt"  # the latest CI run measured
 QUOTES = (
     Quote(
-        "README.md", r"`make reproduce` took (\d+ min \d+ s)", CI_RUN, r"make reproduce FROZEN=1 took (\d+ min \d+ s)"
+        "README.md",
+        r"the frozen `make reproduce` took (\d+ min \d+ s)",
+        CI_RUN,
+        r"make reproduce FROZEN=1 took (\d+ min \d+ s)",
     ),
     Quote("README.md", r"`make test` (\d+ min \d+ s)", CI_RUN, r"make test took (\d+ min \d+ s)"),
-    Quote("README.md", r"from an empty results store it takes about (\d+ h \d+ min)", value=_estimate_from_empty_store),
+    Quote("README.md", r"from an empty results store about (\d+ h \d+ min)", value=_estimate_from_empty_store),
     Quote("docs/gpu.md", r"([\d,]+) distinct cells", ESTIMATE, r"([\d,]+) distinct cells"),
     Quote("docs/gpu.md", r"at most ([\d,]+) generated tokens", ESTIMATE, r"at most ([\d,]+) generated tokens"),
     Quote("docs/gpu.md", r"at most (\d+) GPU-hours on one GPU", ESTIMATE, r"at 1000 tok/s [^:]*: (\d+) GPU-hours"),
@@ -223,3 +226,11 @@ def test_a_stale_number_put_back_fails(page, stale):
         for q in QUOTES
     )
     assert quotes_fail or unquoted(page, text)
+
+
+def test_the_readme_quotes_the_latest_measured_ci_run():
+    """The CI times the README quotes come from the newest record of a whole CI run (the date its first line opens
+    with), never an older one (issue 66: the README quoted a run of an older CI file long after the suite grew; broken
+    on purpose: CI_RUN back to ci_run.txt of 2026-12-03 fails here)."""
+    runs = sorted(RESULTS.glob("ci_run*.txt"), key=lambda path: path.read_text().split(":")[0].split(",")[0])
+    assert CI_RUN == runs[-1], f"the README quotes {CI_RUN.name}; the latest measured run is {runs[-1].name}"

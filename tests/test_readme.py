@@ -5,6 +5,7 @@ hand-written prose: tests/test_quotes.py."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
         "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 claims the paper "
         "gives a number for, 1 match it, 2 differ and the rest are too uncertain to say."
     )
-    assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claims)."
+    assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claim)."
 
 
 def test_each_notebook_closes_with_what_we_see_at_its_profile():
@@ -177,9 +178,9 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
     ]
     cpu = summary.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
-        "**What we see** on qwen (cpu profile, n = 100 prompts): 3 claims, in direction 1 holds, 1 fails, "
+        "**What we see** on qwen (cpu profile, n = 100 prompts): the paper's claims: 3 claims, in direction 1 holds, 1 fails, "
         "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; mechanism "
-        "of the 1 judged on it: 0 the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
+        "of the 1 judged on it: 0 the paper's, 0 partly the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
         "Holds: a.",
         "Fails: c (model: other ranking).",
         "Inconclusive (the interval straddles the claim's bound): d.",
@@ -256,13 +257,14 @@ def test_summary_headline_recounts_from_the_claim_declarations():
         directions = picked["verdict"].value_counts()
         sizes = picked["magnitude"].value_counts()
         expected = (
-            f"## {heading}: {len(picked)} claims; direction: "
+            f"## {heading}: {len(picked)} claims, in direction "
             + ", ".join(f"{directions.get(v, 0)} {v}" for v in ("holds", "fails", "inconclusive", "untestable here"))
-            + "; magnitude: "
+            + "; in magnitude "
             + ", ".join(f"{sizes.get(v, 0)} {v}" for v in ("matches", "differs", "too uncertain", "n.a."))
         )
         assert expected in written, expected
-    assert f"Bonferroni level for the {fairkv.studies.family()} claims the studies declare" in written
+    family = fairkv.studies.family()
+    assert f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims the studies test" in written
 
 
 def test_the_paper_items_are_read_in_the_papers_order_once_each():
@@ -279,3 +281,50 @@ def test_the_paper_items_are_read_in_the_papers_order_once_each():
         coverage.in_paper_order([coverage.Item("Fig 3", "one thing"), coverage.Item("Fig 3", "another")])
     with pytest.raises(coverage.CoverageError, match="is not named"):
         coverage.in_paper_order([coverage.Item("Figure 3", "x")])
+
+
+def _counts(text: str, pattern: str) -> list[tuple[int, ...]]:
+    """Every match of ``pattern`` (its groups: numbers) in ``text``."""
+    return [tuple(int(x) for x in found) for found in re.findall(pattern, text)]
+
+
+DIRECTIONS = r"(\d+) claims?, in direction (\d+) holds, (\d+) fails, (\d+) inconclusive, (\d+) untestable here"
+
+
+def test_every_page_counts_the_same():
+    """Issue 66 item 7: the README, docs/results.md, SUMMARY.md and the notebooks' closing cells give the paper's
+    claims on this model, those on the second model and ours apart, with equal counts by direction (the notebooks'
+    closings summed), and the README and the results page give the same reasons with the same counts (broken on
+    purpose: SUMMARY's count of the paper's claims that hold raised by one -> fails)."""
+    page = lambda path: (ROOT / path).read_text()
+    written = page("figures/cpu/SUMMARY.md")
+    totals = {}
+    for label, heading in (
+        ("the paper's claims", "The paper's claims"),
+        ("the paper's claims on the second model", "The paper's claims on the second model (Fig 10's)"),
+        ("our own claims", "Beyond the paper: our own claims"),
+    ):
+        (totals[label],) = _counts(written, rf"## {re.escape(heading)}: {DIRECTIONS}")
+    counted = {path.name[:2] for path in (CPU / "tables").glob("*_paper_vs_us.csv")}  # not 08's synthetic run
+    outputs = [
+        "".join(out.get("data", {}).get("text/markdown", ""))
+        for notebook in sorted((ROOT / "reports" / "cpu").glob("*.ipynb"))
+        if notebook.name[:2] in counted
+        for cell in json.loads(notebook.read_text())["cells"]
+        for out in cell.get("outputs", [])
+    ]
+    said = "\n".join(text for text in outputs if "**What we see**" in text)
+    for label, total in totals.items():
+        found = _counts(said, rf"{re.escape(label)}: {DIRECTIONS}")
+        assert tuple(map(sum, zip(*found))) == total, label
+    paper = totals["the paper's claims"]
+    readme_text, results = page("README.md"), page("docs/results.md")
+    assert _counts(readme_text, r"(\d+) of the paper's (\d+) claims hold in direction") == [(paper[1], paper[0])]
+    assert _counts(readme_text, r"(\d+) fail, (\d+) are inconclusive and (\d+) untestable here") == [paper[2:]]
+    assert _counts(
+        results,
+        rf"## The paper's claims in full \((\d+): direction (\d+) holds, (\d+) fails, "
+        rf"(\d+) inconclusive, (\d+) untestable here",
+    ) == [paper]
+    why = re.search(r"\*\*Why:\*\* (.*?)\. ", readme_text)[1]
+    assert f"- **Likely reason:** {why}." in results

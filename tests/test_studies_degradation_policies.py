@@ -9,7 +9,7 @@ import pytest
 
 import fairkv.studies
 from fairkv.report.claims import FINDING, heads
-from fairkv.report.verdicts import FAILS, HOLDS
+from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE
 from fairkv.studies import degradation, paper_vs_us, policies
 from fairkv.studies.reading import RATE_MARGIN, RHO_MARGIN
 
@@ -48,35 +48,42 @@ def cut(position: int, cutoffs) -> list[bool]:
 # ---- notebook 01 -------------------------------------------------------------------------------------------------
 
 RISING = (17, 18, 19, 20)  # of 20 multi-instruction prompts, how many follow each class at r = 0: 0.85 ... 1.0
-FALLING = (17, 12, 7, 2)  # ... and at r = 0.9, reordered: normalised 1, 0.67, 0.37, 0.1 (spread 0.9, rho -1)
+FALLING = (17, 12, 7, 2)  # ... and at r = 0.9, reordered: changes 0, -0.3, -0.6, -0.9 (spread 0.9, rho -1)
 
 
 def degradation_rows(multi_at_top) -> pd.DataFrame:
-    """StreamingLLM at r = 0 and 0.9. 20 single-instruction prompts, five per class, class i followed by i + 1 of its
-    five at both ratios (normalised accuracy 1 everywhere: spread 0, rho 1); 20 multi-instruction prompts, one
-    instruction per class, class i followed by ``RISING[i]`` of them at r = 0 and ``multi_at_top[i]`` at r = 0.9."""
+    """StreamingLLM at r = 0 and 0.9. 40 single-instruction prompts, ten per class (``MIN_INSTRUCTIONS``), class i
+    followed by 2 (i + 1) of its ten at both ratios (no change anywhere: spread 0, rho 1); 20 multi-instruction prompts,
+    one instruction per class, class i followed by ``RISING[i]`` of them at r = 0 and ``multi_at_top[i]`` at r = 0.9."""
     rows = []
     for ratio in (0.0, 0.9):
-        for key in range(20):
+        for key in range(40):
             i, j = key % len(CLASSES), key // len(CLASSES)
-            rows.append(benign_row(key, "streamingllm", ratio, [CLASSES[i]], [j < i + 1]))
+            rows.append(benign_row(key, "streamingllm", ratio, [CLASSES[i]], [j < 2 * (i + 1)]))
         cutoffs = RISING if ratio == 0.0 else multi_at_top
         for m in range(20):
-            rows.append(benign_row(20 + m, "streamingllm", ratio, CLASSES, cut(m, cutoffs)))
+            rows.append(benign_row(40 + m, "streamingllm", ratio, CLASSES, cut(m, cutoffs)))
     return pd.DataFrame(rows)
 
 
 def test_multi_instruction_prompts_degrade_more_unevenly_and_reorder():
-    """Multi-instruction prompts reordered at r = 0.9 (normalised 1, 0.67, 0.37, 0.1: spread 0.9; rho -1) against
-    single ones kept (spread 0, rho 1): both claims hold, over the 40 prompts."""
+    """Multi-instruction prompts reordered at r = 0.9 (class accuracy changes 0, -0.3, -0.6, -0.9: spread 0.9; rho -1)
+    against single ones kept (spread 0, rho 1): both claims hold, over the 60 prompts. A kind whose classes rest on
+    fewer than ``MIN_INSTRUCTIONS`` instructions has no spread: the claim is undefined there, never read off a ratio
+    that swings by whole units (broken on purpose: no minimum -> the small-class case below reads a spread)."""
     table = paper_vs_us(degradation, degradation_rows(FALLING))
     claims = heads(table).set_index("id")
     assert claims.index.tolist() == [claim.id for claim in degradation.CLAIMS]
-    assert claims["verdict"].tolist() == [HOLDS, HOLDS] and (claims["n"] == 40).all()
+    assert claims["verdict"].tolist() == [HOLDS, HOLDS] and (claims["n"] == 60).all()
     assert (claims["status"] == FINDING).all() and (claims["magnitude"] == "n.a.").all()
     assert "spread at r = 0.9: single 0.00, multi 0.90; multi - single +0.90" in claims.iloc[0]["ours"]
     assert "mean rho over r > 0: single 1.00, multi -1.00; single - multi +2.00" in claims.iloc[1]["ours"]
     assert claims["why"].tolist() == ["", ""]  # why is shown only when a claim fails or differs
+    few = degradation_rows(FALLING)
+    key = few["key"]
+    few = few[((key < 40) & (key % 10 < 5)) | ((key >= 40) & (key < 45))]  # 5 instructions per class, either kind
+    spread = heads(paper_vs_us(degradation, few)).set_index("id").loc[degradation.SPREAD.id]
+    assert spread["verdict"] == INCONCLUSIVE and "single nan, multi nan" in spread["ours"]
 
 
 def test_multi_instruction_prompts_kept_alike_is_a_null_with_why_from_the_rows():
@@ -87,7 +94,7 @@ def test_multi_instruction_prompts_kept_alike_is_a_null_with_why_from_the_rows()
     spread, rho = claims.loc[degradation.SPREAD.id], claims.loc[degradation.RHO.id]
     assert f"no effect, within +-{degradation.SPREAD_MARGIN:g}" in spread["ours"]
     assert f"no effect, within +-{RHO_MARGIN:g}" in rho["ours"]
-    assert "rests on 5 to 20 instructions" in spread["why"] and spread["why"] == rho["why"]
+    assert "rests on 10 to 20 instructions" in spread["why"] and spread["why"] == rho["why"]
 
 
 # ---- notebook 02 -------------------------------------------------------------------------------------------------

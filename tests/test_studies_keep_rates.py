@@ -9,7 +9,7 @@ import pytest
 
 import fairkv.studies
 from fairkv.report import analysis, verdicts
-from fairkv.report.claims import FINDING, SANITY, heads
+from fairkv.report.claims import FINDING, SANITY, SECOND_MODEL, heads
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE
 from fairkv.studies import keep_rates, paper_vs_us
 from fairkv.studies.reading import KEEP_MARGIN, KEEP_NULL, PEAK
@@ -64,7 +64,7 @@ def claim_lines(rows: pd.DataFrame) -> pd.DataFrame:
     return heads(paper_vs_us(keep_rates, rows)).set_index("id")
 
 
-IDS = [claim.id for claim in keep_rates.CLAIMS]
+IDS = [claim.id for claim in keep_rates.PRIMARY]  # one model: no second-model line
 
 
 def test_claims_read_at_the_papers_ratio_or_refuse():
@@ -150,26 +150,24 @@ def test_tova_keeps_the_defense_within_the_keep_margin():
     assert KEEP_NULL in keep_rates.TOVA_DEFENSE.region  # the threshold's reason is declared with it
 
 
-def test_claims_read_on_a_second_model_part_by_part():
-    """Fig 10: the claims are read on the second model's rows too, a part per model, all must hold: K-Norm favouring
-    the earlier span on the first model but keeping both alike on the second fails (a null there); the paper's
-    keep rates are compared with the first model's; the same model's rows twice (the ci profile) are read once."""
+def test_claims_read_on_a_second_model_get_a_line_of_their_own():
+    """Fig 10: each claim is read again on the second model's rows, a line of its own (issue 66: one line per model),
+    the paper's findings there counted apart (``SECOND_MODEL``): K-Norm favouring the earlier span on the first model
+    and keeping both alike on the second holds on the first and fails on the second (a null there), and no verdict on
+    the first model moves with the second's rows; the paper's keep rates are compared with the first model's only; the
+    same model's rows twice (the ci profile) are read once (broken on purpose: the second model's parts joined to the
+    first's line -> the first model's K-Norm line read fails)."""
     alike = {(p, o): (ALIKE, ALIKE) for p in POLICIES for o in ("normal", "flipped")}
     earlier = {**alike, ("knorm", "normal"): (HIGH, LOW), ("knorm", "flipped"): (LOW, HIGH)}  # (defense, directive)
     first, second = rows_of(earlier).assign(model="qwen"), rows_of(alike).assign(model="smollm2")
-    table = paper_vs_us(keep_rates, first, second)
-    knorm = table[table["id"] == keep_rates.KNORM_EARLIER.id]
-    assert knorm["part"].tolist() == [
-        "",
-        "normal: defense - directive, qwen",
-        "flipped: directive - defense, qwen",
-        "normal: defense - directive, smollm2",
-        "flipped: directive - defense, smollm2",
-    ]
-    assert knorm["verdict"].tolist() == [FAILS, HOLDS, HOLDS, FAILS, FAILS]
-    assert knorm["ours"].iloc[0].startswith("qwen: normal: defense ") and "; smollm2: normal: " in knorm["ours"].iloc[0]
+    table = heads(paper_vs_us(keep_rates, first, second)).set_index("id")
+    on_first, on_second = keep_rates.KNORM_EARLIER.id, keep_rates.ON_SECOND[keep_rates.KNORM_EARLIER.id]
+    assert (table.loc[on_first, "verdict"], table.loc[on_second, "verdict"]) == (HOLDS, FAILS)
+    assert table.loc[on_first, "status"] == FINDING and table.loc[on_second, "status"] == SECOND_MODEL
+    assert table.loc[on_second, "figure"] == "Fig 10" and "smollm2" in table.loc[on_second, "why"]
+    later = keep_rates.STREAMING_LATER.id
+    assert table.loc[later, "magnitude"] != "n.a." and table.loc[keep_rates.ON_SECOND[later], "magnitude"] == "n.a."
     alone = heads(paper_vs_us(keep_rates, first)).set_index("id")["verdict"]
-    both, knorm_id = heads(table).set_index("id")["verdict"], keep_rates.KNORM_EARLIER.id
-    assert (alone[knorm_id], both[knorm_id]) == (HOLDS, FAILS) and alone.drop(knorm_id).equals(both.drop(knorm_id))
+    assert alone.equals(table.loc[alone.index, "verdict"])
     once = paper_vs_us(keep_rates, first, first.copy())
     assert once.equals(paper_vs_us(keep_rates, first))

@@ -11,7 +11,7 @@ import fairkv.studies
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS
 from fairkv.report.verdicts import DIFFERS, FAILS, HOLDS, MATCHES, UNTESTABLE
-from fairkv.studies import fair, paper_vs_us, whitelist
+from fairkv.studies import fair, mechanism, paper_vs_us, whitelist
 
 
 @pytest.fixture(autouse=True)
@@ -82,10 +82,10 @@ def test_whitelist_claims_on_hand_built_rows():
         row = claims.loc[claim.id]
         assert (row["verdict"], row["magnitude"], row["n"]) == (HOLDS, MATCHES, 20), claim.id
         assert row["paper"] == claim.paper_text and str(claim.numbers["before"]) in row["paper"]
-        # the refusal restored (0 -> 1), no benign query refused; yet over 20 prompts the price's interval reaches
-        # past SPECIFICITY_MARGIN: the mechanism stays undecided
+        # the refusal raised (0 -> 1, as uncompressed), no benign query refused; yet over 20 prompts the interval of
+        # the refusal against the uncompressed model's (+0.00 [-0.16, +0.16]) reaches past CLOSE_MARGIN: undecided
         assert row["mechanism"] == verdicts.INCONCLUSIVE, claim.id
-        assert "refusal restored, its price undecided: attack refused 0.00 -> 1.00" in row["why"], claim.id
+        assert f"{mechanism.RAISED}: attack refused 0.00 -> 1.00 (uncompressed 1.00" in row["why"], claim.id
     refusing = claims.loc[whitelist.KEEPS_REFUSING.id]
     assert (refusing["verdict"], refusing["status"], refusing["magnitude"]) == (HOLDS, OURS, verdicts.NOT_APPLICABLE)
     assert "r = 0.7" in refusing["ours"]  # the largest ratio the whitelist runs at
@@ -156,17 +156,30 @@ def fair_rows(order: str, variants, n_attack: int = 20, n_benign: int = 10, leak
 
 
 def test_fair_eviction_claims_count_the_prompts_of_their_own_side():
-    """Leakage claims read the 20 attack prompts; the order-gap claim reads accuracy, which only 10 prompts have: its
+    """Leakage claims read the 20 attack prompts; the order-gap part reads accuracy, which only 10 prompts have: its
     n is 10 (a bootstrap over all 20 would draw prompts without accuracy and report n = 20). The gap shrinks from 1 to
-    0 on every prompt: holds. Table 1 reads both sides: its n is the 10 prompts both hold."""
+    0 on every prompt and fair eviction halves leakage in each order: those parts hold; it refuses no attack, as the
+    base does not, and 20 prompts cannot tell that from a drop of more than RATE_MARGIN (Newcombe's interval of no
+    change is about +-0.16 there): those parts, and so the claim, are inconclusive. Table 1 reads both sides: its n is
+    the 10 prompts both hold."""
     claims = paper_vs_us(
         fair, fair_rows("normal", ("base", "whitelist", "fair")), fair_rows("flipped", ("base", "fair"))
-    ).set_index("id")
-    leakage = claims.loc[fair.STREAMINGLLM_LEAKAGE.id]
+    )
+    heads = claims[claims["part"] == ""].set_index("id")
+    leakage = heads.loc[fair.STREAMINGLLM_LEAKAGE.id]
     assert (leakage["n"], leakage["verdict"]) == (20, HOLDS)
-    gap = claims.loc[fair.ORDER_GAP.id]
-    assert (gap["n"], gap["verdict"]) == (10, HOLDS)
-    assert "+1.00 [+1.00, +1.00]" in gap["ours"]
+    gap = heads.loc[fair.ORDER_GAP.id]
+    assert (gap["n"], gap["verdict"]) == (10, verdicts.INCONCLUSIVE)
+    assert "gap base - gap fair +1.00 [+1.00, +1.00]" in gap["ours"]
+    parts = claims[(claims["id"] == fair.ORDER_GAP.id) & (claims["part"] != "")].set_index("part")["verdict"]
+    assert parts.to_dict() == {
+        "normal: directive leakage, fair - base": HOLDS,
+        "normal: attack refused, fair - base": verdicts.INCONCLUSIVE,
+        "flipped: directive leakage, fair - base": HOLDS,
+        "flipped: attack refused, fair - base": verdicts.INCONCLUSIVE,
+        "gap base - gap fair": HOLDS,
+    }
+    claims = claims.set_index("id")
     table1 = claims.loc[[fair.TABLE1_POSITIVE.id]]
     assert table1.iloc[0]["n"] == 10 and (table1["n"] == 10).all()
 

@@ -16,7 +16,7 @@ from fairkv.core import data
 from fairkv.core.paths import results_dir
 from fairkv.runs import experiment, redecode, studies
 from fairkv.runs.studies import PROFILES, TEN_RATIOS, Fields, Scale, Study, StudyError
-from fairkv.studies import atlas, judge, leakage, runtime, study, sweeps, trec
+from fairkv.studies import atlas, fair, judge, leakage, runtime, study, sweeps, trec
 
 SWEEPS = [(chosen, profile) for chosen in sweeps() for profile in PROFILES]
 TUPLES = ("orders", "policies", "variants", "lams", "ratios", "queries")
@@ -125,6 +125,25 @@ def test_fig4s_accuracy_on_every_policy_reads_cells_other_studies_run():
     assert _cells(accuracy, "ci") <= _cells(leakage.STUDY, "ci")
     rows = pd.DataFrame({"key": [1, 1], "cell_id": ["a", "a"], "policy": ["h2o"] * 2, "variant": ["base"] * 2})
     assert len(leakage.joined(rows.assign(lam=1.0), rows.assign(lam=1.0, extra=0))) == 1
+
+
+def test_the_flipped_orders_accuracy_on_every_policy_is_one_set_of_cells():
+    """Fig 5's and Fig 14's flipped-order accuracy on all five policies (issue 67 item 5): the leakage study's base
+    cells are fair eviction's base cells (computed once, whichever notebook runs first), at the cpu profile on the
+    five policies, 100 prompts, r = 0 and ``leakage.FLIPPED_RATIOS``; at ci they are the studies' own (the leakage
+    study's; the flipped fair study's), so nbval computes nothing more (broken on purpose: fair's cpu ratios apart from
+    leakage's -> the first check fails)."""
+    base = _cells(leakage.FLIPPED_ACCURACY, "cpu")
+    (part,) = fair.FLIPPED_ACCURACY.parts("cpu")
+    assert (len(part.policies), part.orders, part.n_prompts, part.ratios) == (
+        5,
+        ("flipped",),
+        100,
+        leakage.FLIPPED_RATIOS,
+    )
+    assert base <= _cells(fair.FLIPPED_ACCURACY, "cpu") and len(base) < len(_cells(fair.FLIPPED_ACCURACY, "cpu"))
+    assert _cells(leakage.FLIPPED_ACCURACY, "ci") <= _cells(leakage.STUDY, "ci")
+    assert _cells(fair.FLIPPED_ACCURACY, "ci") <= _cells(fair.FLIPPED, "ci")
 
 
 def _cells(chosen, profile: str) -> set[str]:

@@ -270,12 +270,14 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     (tmp_path / "tables").mkdir()
     claims.table(lines).to_csv(tmp_path / "tables" / "03_paper_vs_us.csv", index=False)
     text = summary.write_summary(tmp_path, "t", 4, "thresholds here").read_text()
-    assert "## The paper's claims: 2 claims; direction: 2 holds, 0 fails, 0 inconclusive, 0 untestable here" in text
-    assert "## Beyond the paper: our own claims: 1 claims" in text
+    assert "## The paper's claims: 2 claims, in direction 2 holds, 0 fails, 0 inconclusive, 0 untestable here" in text
+    assert "## Beyond the paper: our own claims: 1 claim," in text
     assert "## Sanity checks (not counted): 1 sanity checks; 1 holds" in text
     assert "thresholds here" in text and "↳ a" in text
     assert (
-        "4 claims the studies declare, 1 - 5% / 4 = 0.98750, none would change" in text
+        "Family-wise (Bonferroni, 1 - 5% / 4: the 4 claims the studies test, sanity checks apart), the paper's claims "
+        "on this model read 2 holds, 0 fails, 0 inconclusive, 0 untestable here. Of all the claims tested, none changes"
+        in text
     )  # hand-written estimates have one interval
     pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
     with pytest.raises(summary.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):
@@ -337,3 +339,41 @@ def test_several_statistics_over_the_same_draws_equal_each_alone():
             alone.n,
         )
     assert each["mean"].low < each["mean"].high and each["gap"].low != each["mean"].low
+
+
+def _situation_examples():
+    """A hand-built claim and measurement for each row of ``claims.SITUATIONS``, by its name's first words."""
+    from fairkv.report.claims import Claim, Measured, Part
+
+    drop = Claim("x.drop", "Fig 9", "lowers", "lower", below=0.0, region="a drop", margin=0.05, null="small")
+    rise = Claim("x.rise", "Fig 4", "rises", "rise", above=0.0, region="a rise", margin=0.05, null="small")
+    level = Claim("x.level", "Fig 4", "followed", "followed", above=0.5, region="followed", effect=False)
+    judged = Claim(**{**rise.__dict__, "id": "x.judged", "judged": True})
+    est = lambda value, low, high, n=100, method="newcombe": verdicts.Estimate(value, low, high, n, method)
+    one = lambda claim, estimate, **kw: (claim, Measured([Part("part", estimate)], "", estimate.n, **kw))
+    return {
+        "the interval lies wholly inside": one(drop, est(-0.2, -0.3, -0.1)),
+        "the interval lies wholly outside": one(drop, est(0.2, 0.1, 0.3)),
+        "a null": one(drop, est(0.0, -0.03, 0.03)),
+        "a rise claimed from a metric's floor": one(rise, est(-0.01, -0.04, 0.0)),
+        "a drop or a restoration": one(drop, est(0.0, -0.01, 0.01), untestable="nothing to lower"),
+        "a level claimed above a bar": one(level, est(0.28, 0.2, 0.37), untestable="wholly below the bar"),
+        "the interval straddles": one(drop, est(-0.05, -0.15, 0.05)),
+        "a statistic undefined": one(rise, est(float("nan"), float("nan"), float("nan"), method="bootstrap")),
+        "a bootstrap over fewer": one(rise, est(0.5, 0.4, 0.6, n=4, method="bootstrap")),
+        "a claim resting on the judge": one(judged, est(0.3, 0.2, 0.4), gate="the judge is too poor"),
+    }
+
+
+def test_every_situation_gets_its_one_label():
+    """Issue 66 item 5: each row of ``claims.SITUATIONS`` (printed in docs/results.md), on a hand-built claim, reads the
+    table's label through the one function every page's verdicts come from (``claims.direction``); every row has its
+    example (broken on purpose: a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
+    from fairkv.report import claims
+
+    examples = _situation_examples()
+    for situation in claims.SITUATIONS:
+        (key,) = [k for k in examples if situation.name.startswith(k)]
+        claim, measured = examples.pop(key)
+        assert claims.direction(claim, measured) == situation.label, situation.name
+    assert not examples

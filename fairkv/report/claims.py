@@ -22,9 +22,9 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
   that number's kind; a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a change matches
   while a level differs (or the other way) the line says which.
 - **Mechanism.** A claim on a mitigation (``Claim.mitigation``) is also judged on what moved its number
-  (``Measured.mechanism``, read by ``fairkv.studies.mechanism``): the paper's (the attack's refusal restored at a small
-  price in benign refusals), other, inconclusive; n.a. for every other claim and where the direction decides nothing.
-  Its numbers go to ``why``.
+  (``Measured.mechanism``, read by ``fairkv.studies.mechanism``), against the uncompressed model: the paper's, partly
+  the paper's, other, inconclusive (``verdicts.MECHANISM_WORDS``); n.a. for every other claim and where the direction
+  decides nothing. Its numbers go to ``why``.
 - **Multiplicity.** Every direction is decided again at the Bonferroni level 1 - 5% / k, k the findings declared
   across the studies (``fairkv.studies.family``); the column ``bonferroni`` shows the verdict there when it differs.
 - **Decoding noise.** Where the profile's decoding noise was measured (``fairkv.report.noise``), a claim whose
@@ -43,7 +43,9 @@ from fairkv.report import verdicts
 from fairkv.report.noise import Noise
 
 FINDING, OURS, SANITY = "finding", "ours", "sanity check"
-STATUSES = (FINDING, OURS, SANITY)
+# a finding of the paper read again on the second model (Fig 10's): a line of its own, apart from the reproduction's
+SECOND_MODEL = "finding, second model"
+STATUSES = (FINDING, SECOND_MODEL, OURS, SANITY)
 COLUMNS = (
     "id",
     "figure",
@@ -61,6 +63,60 @@ COLUMNS = (
     "part",
 )
 NO_NUMBER = "no number"  # the paper column of a claim the paper states in words only
+
+
+@dataclass(frozen=True)
+class Situation:
+    """A situation a claim's rows can be in, the one label its direction gets there, and where that is applied."""
+
+    name: str
+    label: str
+    by: str
+
+
+# One situation, one label, on every page (issue 66): ``direction`` applies them (its measurement names the untestable
+# ones, with the reason the helper in ``by`` computes from the rows); docs/results.md prints this table
+SITUATIONS = (
+    Situation(
+        "the interval lies wholly inside the claimed region (and not wholly within its margin)",
+        verdicts.HOLDS,
+        "verdicts.decide",
+    ),
+    Situation("the interval lies wholly outside the claimed region", verdicts.FAILS, "verdicts.decide"),
+    Situation(
+        "a null: an effect's interval lies wholly within the claim's margin of no effect",
+        verdicts.FAILS,
+        "verdicts.decide",
+    ),
+    Situation(
+        "a rise claimed from a metric's floor that does not come (the metric could have risen)",
+        verdicts.FAILS,
+        "verdicts.decide",
+    ),
+    Situation(
+        "a drop or a restoration claimed where the base already lies within the margin of the metric's floor or "
+        "ceiling: nothing to lower or restore",
+        verdicts.UNTESTABLE,
+        "reading.untestable_below, reading.no_room",
+    ),
+    Situation(
+        "a level claimed above a bar the uncompressed model itself lies wholly below",
+        verdicts.UNTESTABLE,
+        "reading.unreachable",
+    ),
+    Situation(
+        "the interval straddles the claimed region's bound or its margin", verdicts.INCONCLUSIVE, "verdicts.decide"
+    ),
+    Situation(
+        "a statistic undefined on the data (NaN: a kind with too few classes, too few draws defined)",
+        verdicts.INCONCLUSIVE,
+        "verdicts.decide",
+    ),
+    Situation(
+        f"a bootstrap over fewer than {verdicts.MIN_BOOTSTRAP} prompts", verdicts.INCONCLUSIVE, "verdicts.decide"
+    ),
+    Situation("a claim resting on the judge while its calibration is too poor", verdicts.INCONCLUSIVE, "Measured.gate"),
+)
 
 
 class ClaimError(ValueError):
@@ -166,13 +222,15 @@ class Mechanism:
 @dataclass(frozen=True)
 class Part:
     """One part of a claim: its estimate, what it is (label), and whether it decides the claim's direction (a part
-    shown for information does not). ``above``/``below``: the part's own region, when not the claim's."""
+    shown for information does not). ``above``/``below``: the part's own region, when not the claim's, with its own
+    equivalence ``margin`` (None: no null is decided, as for a bound that says "no worse than")."""
 
     label: str
     estimate: verdicts.Estimate
     decides: bool = True
     above: float | None = None
     below: float | None = None
+    margin: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,10 +250,17 @@ class Measured:
     mechanism: Mechanism | None = None  # what moved the number, for a claim on a mitigation (``Claim.mitigation``)
 
 
-def _decided(claim: Claim, part: Part, level: float) -> str:
-    explicit = part.above is not None or part.below is not None
-    above, below = (part.above, part.below) if explicit else (claim.above, claim.below)
-    margin = claim.margin if (above is None) != (below is None) else None
+def _region(claim: Claim, part: Part) -> tuple[float | None, float | None, float | None]:
+    """(above, below, margin) a part is decided against: its own region and margin, or the claim's."""
+    if part.above is not None or part.below is not None:
+        return part.above, part.below, part.margin
+    one_bound = (claim.above is None) != (claim.below is None)
+    return claim.above, claim.below, claim.margin if one_bound else None
+
+
+def decided(claim: Claim, part: Part, level: float = verdicts.LEVEL) -> str:
+    """The part's direction verdict against its region (its own, or the claim's) at ``level``."""
+    above, below, margin = _region(claim, part)
     return verdicts.decide(part.estimate, above, below, margin, level)
 
 
@@ -208,7 +273,7 @@ def direction(claim: Claim, measured: Measured, level: float = verdicts.LEVEL) -
     deciding = [part for part in measured.parts if part.decides]
     if not deciding:
         raise ClaimError(f"{claim.id}: no part decides the claim")
-    return verdicts.all_of([_decided(claim, part, level) for part in deciding])
+    return verdicts.all_of([decided(claim, part, level) for part in deciding])
 
 
 def magnitude(claim: Claim, measured: Measured) -> tuple[str, str]:
@@ -259,11 +324,11 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
     for part in measured.parts:
         if not part.decides or part.estimate.too_few or math.isnan(part.estimate.low):
             continue
-        explicit = part.above is not None or part.below is not None
-        bounds = [b for b in ((part.above, part.below) if explicit else (claim.above, claim.below)) if b is not None]
+        above, below, margin = _region(claim, part)
+        bounds = [b for b in (above, below) if b is not None]
         thresholds = set(bounds)
-        if claim.margin is not None and _decided(claim, part, verdicts.LEVEL) != verdicts.HOLDS:
-            thresholds |= {b + sign * claim.margin for b in bounds for sign in (-1, 1)}
+        if margin is not None and decided(claim, part, verdicts.LEVEL) != verdicts.HOLDS:
+            thresholds |= {b + sign * margin for b in bounds for sign in (-1, 1)}
         reach = noise.reach(claim.score, part.estimate.n)
         close = min(abs(end - t) for end in (part.estimate.low, part.estimate.high) for t in thresholds)
         if close < reach:
@@ -309,7 +374,7 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
         return [head]
     rows = [head]
     for part in measured.parts:
-        decided = _decided(claim, part, verdicts.LEVEL) if not measured.untestable else verdicts.UNTESTABLE
+        verdict_here = decided(claim, part, verdicts.LEVEL) if not measured.untestable else verdicts.UNTESTABLE
         rows.append(
             {
                 **{column: "" for column in COLUMNS},
@@ -318,7 +383,7 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
                 "claim": claim.claim,
                 "ours": f"{part.label} {part.estimate.signed()}",
                 "n": int(part.estimate.n),
-                "verdict": decided if part.decides else f"({decided})",
+                "verdict": verdict_here if part.decides else f"({verdict_here})",
                 "status": claim.status,
                 "part": part.label if part.decides else f"{part.label} (shown, does not decide)",
             }
@@ -327,9 +392,11 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
 
 
 def _null(claim: Claim, measured: Measured) -> bool:
-    bound = claim.above if claim.above is not None else claim.below
+    """Every deciding part a null within its margin (the claim's, or the part's own)."""
+    regions = [(part, _region(claim, part)) for part in measured.parts if part.decides]
     return claim.margin is not None and all(
-        verdicts.is_null(part.estimate, bound, claim.margin) for part in measured.parts if part.decides
+        margin is not None and verdicts.is_null(part.estimate, above if above is not None else below, margin)
+        for part, (above, below, margin) in regions
     )
 
 

@@ -113,12 +113,14 @@ def model(item: Item, profile: str, models: Mapping[str, str] | None = None) -> 
 
 @dataclass(frozen=True)
 class Catalogue:
-    """The paper's items fairkv makes (``items``, in the paper's order: ``in_paper_order``) and the model each of our
-    figures is on where it is not the profile's (``models``: figure name -> model); ``fairkv.studies.catalogue``
-    gathers both from the study modules."""
+    """The paper's items fairkv makes (``items``, in the paper's order: ``in_paper_order``), the model each of our
+    figures is on where it is not the profile's (``models``: figure name -> model) and how many claims the studies
+    test (``family``: the Bonferroni family, sanity checks apart; 0 where unknown); ``fairkv.studies.catalogue``
+    gathers them from the study modules."""
 
     items: tuple[Item, ...]
     models: Mapping[str, str] = field(default_factory=dict)
+    family: int = 0
 
     def table(self, folder: Path, link_from: Path | None = None) -> pd.DataFrame:
         """One row per item of the paper: the item, what it shows, its status, the model it is on (at the profile

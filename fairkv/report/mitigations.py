@@ -1,7 +1,8 @@
 """Where each mitigation helps and where it hurts, in words, read from the mechanism tables the notebooks write
 (``tables/05_mechanism.csv``, the whitelist; ``tables/06_mechanism.csv``, fair eviction in both orders;
-``fairkv.studies.mechanism.table``): at which policies and ratios the refusal comes back the paper's way, and at which
-something else moved the number (the refusal not restored or lowered, or benign queries refused more). The results
+``fairkv.studies.mechanism.table``): at which policies and ratios the refusal comes back to the uncompressed model's the
+paper's way (or partly), and at which something else moved the number (the directive evicted, the refusal not restored
+or lowered, or benign queries refused beyond the uncompressed model). The results
 page (``docs/results.md``) and SUMMARY.md both print these lines."""
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def where(folder: Path) -> list[str]:
             f"settings, `{TABLES[variant]}`) works the paper's way at "
             + (f"{len(papers)}: {settings(papers)}" if len(papers) else "none")
         ]
+        partly = table[table["mechanism"] == verdicts.PARTLY]
+        if len(partly):
+            said.append(f"partly at {len(partly)}: {settings(partly)}")
         other = table[table["mechanism"] == verdicts.OTHER]
         for because, picked in other.groupby("because", sort=True):
             said.append(f"{because} at {len(picked)}: {settings(picked)}")

@@ -33,8 +33,8 @@ BEYOND = Path("docs") / "beyond_the_paper.md"  # our own claims and figures (not
 KEY_FIGURES = (
     (
         "03_fig4_compliance",
-        "The defense collapses: the share of attacks refused (middle) against r under each policy, beside directive "
-        "leakage and the leak rate (Fig 4's setting, normal order).",
+        "The defense collapses: attacks refused (middle) against r per policy, beside directive leakage and the leak "
+        "rate (Fig 4, normal order).",
     ),
     (
         "04_fig7_keep_rates",
@@ -42,9 +42,8 @@ KEY_FIGURES = (
     ),
     (
         "06_operative",
-        "The mechanism: the attack is refused as often as the cache keeps the defense's operative words (its "
-        "instruction to refuse and its scripted reply; right); fair eviction keeps more of the defense but not "
-        "always those words (triangles below the diagonal).",
+        "The mechanism: the attack is refused as often as the cache keeps the defense's operative words (right); "
+        "fair eviction keeps more of the defense, not always those words (triangles below the diagonal).",
     ),
 )
 GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
@@ -64,17 +63,18 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join(rows + [line(values) for values in frame.itertuples(index=False)])
 
 
-def paper_claims(folder: Path) -> pd.DataFrame:
+def paper_claims(folder: Path, status: str = claims.FINDING) -> pd.DataFrame:
     """The paper's claims from the folder's paper-vs-us tables, one row per claim (not its parts, not our claims, not
-    the sanity checks), with the notebook each comes from."""
+    the sanity checks), with the notebook each comes from; ``status`` ``claims.SECOND_MODEL``: those read again on the
+    second model (none is no error: a profile may run one model)."""
     try:
         frames = summary.read_tables(folder)
     except FileNotFoundError as missing:
         raise ReadmeError(str(missing)) from None
     every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
     found = claims.heads(every)
-    found = found[found["status"] == claims.FINDING]
-    if found.empty:
+    found = found[found["status"] == status]
+    if found.empty and status == claims.FINDING:
         raise ReadmeError(f"no claim of the paper in the paper-vs-us tables under {Path(folder) / 'tables'}")
     return found.reset_index(drop=True)
 
@@ -88,8 +88,7 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     differ = sized[sized["magnitude"] == verdicts.DIFFERS]
     matches = sized[sized["magnitude"] == verdicts.MATCHES]
     items = ", ".join(dict.fromkeys(holds["figure"]))
-    reasons = Counter(claims.loc[claims["why"] != "", "why"]).most_common(2)
-    said = "; ".join(f"{why} ({count} claims)" for why, count in reasons)
+    said = commonest(claims)
     return [
         f"- **Reproduces:** on {model}, {len(holds)} of the paper's {len(claims)} claims hold in direction ({items}).",
         f"- **Does not:** {len(fails)} fail ({'; '.join(fails['claim'])}), "
@@ -107,7 +106,8 @@ BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
 def reasons(why: str) -> list[str]:
     """A claim's ``why`` in a phrase or two: its reason's kind with its conclusion (the last clause without a number,
     else the first clause without its brackets: 'model: most answers that neither refuse nor recite echo the attack')
-    and what moved a mitigation's number ('mechanism: benign queries refused more'); none for an empty why."""
+    and what moved a mitigation's number ('mechanism: refusal lowered', and how many other reasons a reading over
+    several settings gives: the results page has them all); none for an empty why."""
     reason, _, moved = why.partition("mechanism: ")
     said = []
     reason = reason.rstrip("; ")
@@ -119,8 +119,16 @@ def reasons(why: str) -> list[str]:
         plain = [clause for clause in clauses if not re.search(r"\d", clause)]
         said.append(f"{kind}: {plain[-1] if plain else clauses[0]}")
     if moved:
-        said.append(f"mechanism: {summary.because(moved)}")
+        first, *more = summary.because(moved).split(" / ")
+        said.append(f"mechanism: {first}" + (f" and {len(more)} more" if more else ""))
     return said
+
+
+def commonest(claims: pd.DataFrame, k: int = 3) -> str:
+    """The ``k`` phrases (``reasons``) the most claims give, with how many give each: the one reason count every page
+    prints."""
+    phrases = Counter(phrase for why in claims["why"] for phrase in dict.fromkeys(reasons(why))).most_common(k)
+    return "; ".join(f"{phrase} ({times} claim{'s' * (times != 1)})" for phrase, times in phrases)
 
 
 def _figure(row, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
@@ -175,17 +183,17 @@ def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
     count = {verdict: int((claims["verdict"] == verdict).sum()) for verdict in verdicts.VERDICTS}
     sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
     judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
-    phrases = Counter(phrase for why in claims["why"] for phrase in reasons(why)).most_common(3)
+
     return [
         f"**What reproduces:** on {model} ({n} prompts), {count[verdicts.HOLDS]} of the paper's {len(claims)} claims "
         f"hold in direction ({', '.join(dict.fromkeys(claims.loc[claims['verdict'] == verdicts.HOLDS, 'figure']))}).",
         f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
         f"{count[verdicts.UNTESTABLE]} untestable here; of the {len(sized)} the paper gives a number for, "
         f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it and "
-        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation "
-        f"judged on what moved their number, {int((judged['mechanism'] == verdicts.PAPERS).sum())} moved it the "
-        "paper's way (the attack's refusal restored at a small price in benign refusals).",
-        "**Why:** " + ("; ".join(f"{phrase} ({times} claims)" for phrase, times in phrases) or "none given") + ".",
+        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation, "
+        f"{int((judged['mechanism'] == verdicts.PAPERS).sum())} moved their number the paper's way and "
+        f"{int((judged['mechanism'] == verdicts.PARTLY).sum())} partly (against the uncompressed model).",
+        f"**Why:** {commonest(claims) or 'none given'}.",
     ]
 
 
@@ -228,16 +236,14 @@ def confounds(folder: Path, profile: str) -> list[str]:
     judge = _table(folder, "10_judge_calibration").iloc[0]
     right = verdicts.Estimate(float(judge["accuracy"]), float(judge["low"]), float(judge["high"]), int(judge["n"]))
     return [
-        f"- **Benign over-refusal.** Uncompressed, the model answers {refused} of the benign IFEval queries with the "
-        "defense's refusal (StreamingLLM, `03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can "
-        "rise under compression. Accuracy claims print the share beside them, and the directive-followed claim is "
-        "decided over answers that are not refusals.",
-        f"- **The {cap}-token cap.** {shares['0.0']} of "
-        f"StreamingLLM's benign answers stop at the cap at r = 0, {shares[peak]} at r = {float(peak):g}, the most "
-        "(`03_fig4_capped`; the paper allows 1280); a capped answer fails IFEval's length, ending and combination "
-        "checks, so part of the change in accuracy with r is the cap. Accuracy claims print the share and say when it "
-        f"changes by {analysis.CAP_DRIVES:g} or more.",
-        f"- **A self-judging small judge.** The LLM judge is the audited model judging its own answers, right on "
+        f"- **Benign over-refusal.** Uncompressed, the model refuses {refused} of the benign IFEval queries "
+        "(`03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can rise under compression, and a "
+        "mitigation that restores the defense restores these refusals too (the mechanism is judged against them). "
+        "Accuracy claims print the share; our relative directive-followed claim reads answers that are no refusal.",
+        f"- **The {cap}-token cap.** {shares['0.0']} of StreamingLLM's benign answers stop at the cap at r = 0, "
+        f"{shares[peak]} at r = {float(peak):g} (`03_fig4_capped`; the paper allows 1280): a capped answer fails "
+        f"IFEval's length checks. Accuracy claims say when that share moves by {analysis.CAP_DRIVES:g} or more.",
+        f"- **A self-judging small judge.** The judge is the audited model itself, right on "
         f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "
         f"{analysis.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
         "- **ROUGE-L counts obeying a short directive as leakage.** An answer that carries the directive's own phrase "
@@ -256,14 +262,17 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
     details = coverage.link(link_from / DETAILS, link_from)
     return "\n".join(
         [
-            " ".join(in_brief(found, grid.model, grid.n_prompts)),
+            " ".join(
+                in_brief(found, grid.model, grid.n_prompts)
+                + [summary.family_wise(found, catalogue.family, summary.THESE)]
+                + summary.on_second(paper_claims(folder, claims.SECOND_MODEL), catalogue, profile)
+            ),
             "",
             f"### The paper's claims ({len(found)})",
             "",
-            "Direction on our 95% interval: holds, fails (or a null within its margin), inconclusive, untestable here. "
-            "Magnitude against the paper's number widened by a tolerance: matches, differs, too uncertain, n.a. "
-            "Mechanism, for a mitigation: the paper's (the attack's refusal restored), other, inconclusive. In full, "
-            f"with the settings and where each mitigation helps and hurts: {details}.",
+            "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
+            "number +- a tolerance): matches, differs, too uncertain, n.a.; mechanism (a mitigation, against the "
+            f"uncompressed model): the paper's, partly, other, inconclusive. The rules and more: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",
@@ -292,17 +301,32 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             f"Settings: {grid.note}.",
             "",
             *bottom_line(found, grid.model),
+            f"- **Multiplicity:** {summary.family_wise(found, catalogue.family, summary.THESE)}",
+            *(f"- {line}" for line in summary.on_second(paper_claims(folder, claims.SECOND_MODEL), catalogue, profile)),
             *(f"- {line}" for line in mitigations.where(folder)),
             "",
             f"## The paper's claims in full ({len(found)}: direction "
             f"{summary.counted(found, 'verdict', verdicts.VERDICTS)}; magnitude "
             f"{summary.counted(found, 'magnitude', verdicts.MAGNITUDES)}{summary.mechanism_counts(found)})",
             "",
-            "The rules: `fairkv.report.verdicts` (direction, magnitude) and `fairkv.studies.mechanism` (mechanism). "
+            "The rules: `fairkv.report.verdicts` (direction, magnitude) and `fairkv.studies.mechanism` (mechanism, "
+            f"{verdicts.MECHANISM_WORDS}). "
             f"Each claim with its parts: {coverage.link(folder / 'SUMMARY.md', link_from)}; our claims beyond the "
             f"paper: {coverage.link(link_from / 'beyond_the_paper.md', link_from)}.",
             "",
             in_full(found, folder, link_from, catalogue),
+            "",
+            "## One situation, one label",
+            "",
+            "Every claim's direction on every page follows this table (`fairkv.report.claims.SITUATIONS`, applied by "
+            "`claims.direction`):",
+            "",
+            markdown(
+                pd.DataFrame(
+                    [(s.name, s.label, f"`{s.by}`") for s in claims.SITUATIONS],
+                    columns=["situation", "label", "applied by"],
+                )
+            ),
             "",
             "## The paper's figures, ours",
             "",

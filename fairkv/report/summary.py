@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import verdicts
-from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, bonferroni_level, heads
+from fairkv.report import coverage, verdicts
+from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, bonferroni_level, heads
 
 
 def counted(claims: pd.DataFrame, column: str, values) -> str:
@@ -19,18 +19,20 @@ def counted(claims: pd.DataFrame, column: str, values) -> str:
 
 
 def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: str = "") -> str:
-    """What we see: the few sentences (Markdown) each notebook ends with, generated from its claims. The counts of
-    findings (direction, magnitude) and sanity checks apart, then which hold, fail (with why), are inconclusive or
+    """What we see: the few sentences (Markdown) each notebook ends with, generated from its claims. The counts
+    (direction, magnitude, mechanism) of the paper's claims, those on the second model and ours apart (``GROUPS``, as
+    every page counts them), sanity checks apart, then which hold, fail (with why), are inconclusive or
     untestable, and which differ from the paper's number. At the ``ci`` profile it says that the run checks the
     pipeline, not the science."""
     claims = heads(table)
     findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
     said = [note] if note else []
+    counts = [
+        f"{label}: {_count(group)}" for status, label in GROUPS if len(group := findings[findings["status"] == status])
+    ]
     said.append(
-        f"**What we see** on {model} ({profile} profile, n = {n} prompts): {len(findings)} "
-        f"claim{'s' * (len(findings) != 1)}, in direction {counted(findings, 'verdict', verdicts.VERDICTS)}; in "
-        f"magnitude {counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
-        + mechanism_counts(findings)
+        f"**What we see** on {model} ({profile} profile, n = {n} prompts): "
+        + ("; ".join(counts) or "no claims")
         + (f"; {len(checks)} sanity check{'s' * (len(checks) != 1)} apart" if len(checks) else "")
     )
     if profile == "ci":
@@ -72,6 +74,23 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
     return "\n\n".join(said)
 
 
+THESE = "the paper's claims on this model"  # what every page's family-wise counts count
+GROUPS = (  # the kinds of claim every page counts apart, in this order (sanity checks apart from all)
+    (FINDING, "the paper's claims"),
+    (SECOND_MODEL, "the paper's claims on the second model"),
+    (OURS, "our own claims"),
+)
+
+
+def _count(claims: pd.DataFrame) -> str:
+    """'3 claims, in direction ...; in magnitude ...; mechanism of the 1 judged on it: ...'."""
+    return (
+        f"{len(claims)} claim{'s' * (len(claims) != 1)}, in direction "
+        f"{counted(claims, 'verdict', verdicts.VERDICTS)}; in magnitude "
+        f"{counted(claims, 'magnitude', verdicts.MAGNITUDES)}" + mechanism_counts(claims)
+    )
+
+
 def mechanism_counts(claims: pd.DataFrame) -> str:
     """'; mechanism of the 4 judged on it: 1 the paper's, 2 other, 1 inconclusive' ('' when no claim is)."""
     judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
@@ -79,6 +98,30 @@ def mechanism_counts(claims: pd.DataFrame) -> str:
         return ""
     mechanisms = verdicts.MECHANISMS[:-1]
     return f"; mechanism of the {len(judged)} judged on it: {counted(judged, 'mechanism', mechanisms)}"
+
+
+def family_wise(claims: pd.DataFrame, family: int, what: str) -> str:
+    """The multiplicity rule in one sentence, with the family-wise counts of ``claims`` (``what`` names them) beside
+    the per-claim ones: every page that counts claims says it so."""
+    again = claims["bonferroni"].where(claims["bonferroni"] != "", claims["verdict"])
+    return (
+        f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims the studies test, sanity checks apart), "
+        f"{what} read {counted(pd.DataFrame({'verdict': again}), 'verdict', verdicts.VERDICTS)}."
+    )
+
+
+def on_second(second: pd.DataFrame, catalogue: coverage.Catalogue, profile: str) -> list[str]:
+    """The second-architecture line: the paper's claims read again on the second model, counted apart from the
+    reproduction's (none where the profile runs one model)."""
+    if second.empty:
+        return []
+    figures = list(dict.fromkeys(second["figure"]))
+    items = [item for item in catalogue.items if item.item in figures]
+    model = ", ".join(dict.fromkeys(coverage.model(item, profile, catalogue.models) for item in items))
+    return [
+        f"**Second architecture** ({model}, {', '.join(figures)}; counted apart): the paper's {len(second)} claims "
+        f"read again there: {counted(second, 'verdict', verdicts.VERDICTS)}."
+    ]
 
 
 def because(why: str) -> str:
@@ -112,17 +155,13 @@ def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
 
 
 def headline(every: pd.DataFrame) -> str:
-    """The counts of a section: findings by direction and magnitude, sanity checks apart."""
+    """The counts of a section: findings by direction and magnitude (as each notebook's closing counts them), sanity
+    checks apart."""
     claims = heads(every)
     findings, checks = claims[claims["status"] != SANITY], claims[claims["status"] == SANITY]
     if findings.empty:
         return f"{len(checks)} sanity checks; {counted(checks, 'verdict', verdicts.VERDICTS)}"
-    return (
-        f"{len(findings)} claims; direction: {counted(findings, 'verdict', verdicts.VERDICTS)}; magnitude: "
-        f"{counted(findings, 'magnitude', verdicts.MAGNITUDES)}"
-        + mechanism_counts(findings)
-        + (f"; {len(checks)} sanity checks apart" if len(checks) else "")
-    )
+    return _count(findings) + (f"; {len(checks)} sanity checks apart" if len(checks) else "")
 
 
 def _parts_shown(claims: pd.DataFrame) -> pd.DataFrame:
@@ -156,26 +195,26 @@ def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
         f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
         "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "
         "uncertain when neither, n.a. when the paper gives no number. **Mechanism** (a claim on a mitigation, "
-        "whatever its direction): the paper's (the mitigation restores the attack's refusal while benign queries are "
-        "refused less than `fairkv.studies.mechanism.SPECIFICITY_MARGIN` more), other (the refusal not restored or "
-        "lowered, or bought with benign refusals: something else moved the number), inconclusive, n.a. (a claim on no "
+        f"whatever its direction; `fairkv.studies.mechanism`), {verdicts.MECHANISM_WORDS} (n.a. also for a claim on no "
         "mitigation, or one that decides nothing); the numbers it rests on are in `why`. A claim of several parts "
         "(orders, policies, "
         "dominance rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); "
         "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
         "construction) are listed apart and not counted. `why` is computed from the rows. "
-        f"**Multiplicity**: {len(claims[claims['status'] != SANITY])} claims are tested at 95% each; decided again "
-        f"at the Bonferroni level for the {family} claims the studies declare, 1 - 5% / {family} = {bonferroni_level(family):.5f}, "
+        "**Multiplicity**: "
+        + family_wise(claims[claims["status"] == FINDING], family, THESE)
+        + " Of all the claims tested, "
         + (
-            f"{len(flips)} would change ({'; '.join(f'{r.id}: {r.verdict} -> {r.bonferroni}' for r in flips.itertuples())})"
+            f"{len(flips)} change there ({'; '.join(f'{r.id}: {r.verdict} -> {r.bonferroni}' for r in flips.itertuples())})"
             if len(flips)
-            else "none would change"
+            else "none changes there"
         )
         + " (column `bonferroni`, empty where the verdict stays).\n",
         preamble + "\n",
     ]
     sections = (
         ("The paper's claims", every["status"] == FINDING),
+        ("The paper's claims on the second model (Fig 10's)", every["status"] == SECOND_MODEL),
         ("Beyond the paper: our own claims", every["status"] == OURS),
         ("Sanity checks (not counted)", every["status"] == SANITY),
     )

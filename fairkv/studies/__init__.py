@@ -124,11 +124,12 @@ UNLISTED = (  # the paper's items no study makes, and why
 
 def catalogue(profile: str) -> coverage.Catalogue:
     """Every item of the paper (``fairkv.report.coverage``): those each study module declares (its ``ITEMS``, with
-    its notebook), and ``UNLISTED``; with the model each figure is on at ``profile`` (``figure_models``)."""
+    its notebook), and ``UNLISTED``; with the model each figure is on at ``profile`` (``figure_models``) and the
+    Bonferroni family (``family``)."""
     items = [
         replace(item, notebook=notebook) for notebook in MODULES for item in getattr(module(notebook), "ITEMS", ())
     ]
-    return coverage.Catalogue(coverage.in_paper_order([*items, *UNLISTED]), figure_models(profile))
+    return coverage.Catalogue(coverage.in_paper_order([*items, *UNLISTED]), figure_models(profile), family())
 
 
 def declared() -> list[claims.Claim]:
@@ -222,7 +223,7 @@ def thresholds() -> str:
 
     lines = ["Thresholds every study shares:", ""]
     lines += [f"- `{name}` = {value:g}: {reason}" for name, value, reason in reading.SHARED]
-    lines += [f"- `mechanism.SPECIFICITY_MARGIN` = {mechanism.SPECIFICITY_MARGIN:g}: {mechanism.SPECIFICITY_NULL}"]
+    lines += [f"- `mechanism.CLOSE_MARGIN` = {mechanism.CLOSE_MARGIN:g}: {mechanism.CLOSE_NULL}"]
     lines += ["", "Thresholds of the claims' own (each declared with its claim, `fairkv/studies/`):", ""]
     for claim in declared():
         said = []

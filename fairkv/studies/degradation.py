@@ -2,8 +2,9 @@
 lose accuracy at different rates as r grows, more unevenly when a system prompt carries several instructions (Fig 2a:
 accuracy per class normalised by its value at r = 0), and the ranking of the classes (Spearman rho against r = 0)
 falls sooner and lower for multi-instruction prompts (Fig 2b). Both are statistics over instruction classes, so their
-intervals resample prompts (``verdicts.resampled``); a class with accuracy 0 at r = 0 cannot be normalised and is left
-out of the spread. The spread is read at the largest ratio run, rho averaged over every ratio above 0."""
+intervals resample prompts (``verdicts.resampled``). The spread is read at the largest ratio run, on the change in
+class accuracy from r = 0 over classes resting on enough instructions (``MIN_INSTRUCTIONS``), not on the figure's
+normalised accuracy, which is ill-conditioned on small classes; rho is averaged over every ratio above 0."""
 
 from __future__ import annotations
 
@@ -48,14 +49,20 @@ MINUTES = {"ci": 0.4, "cpu": 63}  # the notebook's wall minutes (``fairkv.studie
 NORMAL = {"policy": "streamingllm", "variant": "base", "order": "normal"}  # the setting of Fig 2
 SPREAD_MARGIN = reading.RATE_MARGIN
 SPREAD_NULL = (
-    "normalised accuracy is a share of the class's accuracy at r = 0, so a rate's margin applies: " + reading.RATE_NULL
+    "the spread is one of changes in a rate (class accuracy), so a rate's margin applies: " + reading.RATE_NULL
 )
+# a class counts toward the spread when its accuracy at r = 0 rests on at least this many instructions, so that one
+# instruction moves it by at most 0.1 (issue 66: the normalised spread rested on classes of 1 to 21 instructions, where
+# accuracy(r) / accuracy(0) swings by whole units)
+MIN_INSTRUCTIONS = 10
 
 SPREAD = Claim(
     "degradation.class_spread",
     "Fig 2a",
     "class accuracy spreads more for multi- than for single-instruction prompts (the spread: max - min over classes "
-    "of normalised class accuracy, at the largest ratio run, StreamingLLM)",
+    "of the change in class accuracy from r = 0 to the largest ratio run, over the classes resting on at least "
+    f"{MIN_INSTRUCTIONS} instructions at r = 0, StreamingLLM; the paper's figure normalises by the accuracy at r = 0, "
+    "a ratio that swings by whole units on small classes)",
     "classes degrade unevenly, and more so when the system prompt carries several instructions",
     above=0.0,
     region="a larger spread: multi minus single above 0",
@@ -78,11 +85,14 @@ CLAIMS = (SPREAD, RHO)
 
 
 def _spreads(followed: pd.DataFrame, top: float) -> pd.Series:
-    """Spread (max - min) of normalised class accuracy at ``top`` per kind of prompt (single / multi), from exploded
-    instructions (``reading.instructions``)."""
-    accuracy = reading.class_accuracy(followed)
-    at_top = accuracy[accuracy["ratio"] == top].dropna(subset=["normalised"])
-    return at_top.groupby("prompts")["normalised"].agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
+    """Spread (max - min) per kind of prompt (single / multi) of the change in class accuracy from r = 0 to ``top``,
+    over the classes resting on at least ``MIN_INSTRUCTIONS`` instructions at r = 0, from exploded instructions
+    (``reading.instructions``); NaN for a kind with fewer than two such classes."""
+    accuracy = reading.class_accuracy(followed).set_index(["prompts", "class", "ratio"])["accuracy"]
+    sizes = followed[followed["ratio"] == 0.0].groupby(["prompts", "class"]).size()
+    enough = sizes[sizes >= MIN_INSTRUCTIONS].index
+    change = (accuracy.xs(top, level="ratio") - accuracy.xs(0.0, level="ratio")).reindex(enough).dropna()
+    return change.groupby(level="prompts").agg(lambda s: s.max() - s.min() if len(s) > 1 else np.nan)
 
 
 def _class_spread(followed: pd.DataFrame, top: float) -> float:
@@ -109,15 +119,15 @@ def _by_kind(values: pd.Series) -> str:
 
 def _classes_why(benign: pd.DataFrame, top: float) -> str:
     """Why the class statistics say little here, from the rows: the benign refusals, how many instructions each
-    class's accuracy at r = 0 rests on, and which classes score 0 there (left out of the normalised spread)."""
+    class's accuracy at r = 0 rests on, and which classes rest on too few to count toward the spread."""
     at_zero = analysis.class_accuracy(benign)
     at_zero = at_zero[at_zero["ratio"] == 0.0]
-    zero = at_zero[at_zero["accuracy"] == 0]
-    left_out = ", ".join(f"{kind}: {name}" for kind, name in zip(zero["prompts"], zero["class"])) or "none"
+    small = at_zero[at_zero["n"] < MIN_INSTRUCTIONS]
+    left_out = ", ".join(f"{kind}: {name}" for kind, name in zip(small["prompts"], small["class"])) or "none"
     return (
         reading.benign_refusal_why(benign, (0.0, top), **NORMAL)
         + f"; each class's accuracy at r = 0 rests on {int(at_zero['n'].min())} to {int(at_zero['n'].max())} "
-        f"instructions, and the classes scoring 0 there cannot be normalised ({left_out})"
+        f"instructions, and the spread leaves out the classes resting on fewer than {MIN_INSTRUCTIONS} ({left_out})"
     )
 
 

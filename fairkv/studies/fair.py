@@ -1,16 +1,18 @@
 """Notebook 06, fair eviction (Section 5.2, Algorithm 1, Appendix F, Fig 9, Table 1 and Fig 14 of arXiv 2510.00231):
 every instruction span keeps the same share of its tokens. Fair eviction lowers directive leakage (read at r = 0.7,
 where the paper quotes Fig 9); every composite score of Table 1 (Section 6: half the accuracy gain plus half the
-leakage drop against the base policy, averaged over r in 0.4-0.7) is positive; in the flipped order fair eviction
-largely removes the order effect on accuracy (Fig 14). Table 1's entries are declared once here (``TABLE1``): the
-claim reads their means, ``table1_beside`` prints them with their std beside ours. Each claim is judged on the paper's
-mechanism too (``mechanism.read``): the order gap on whether fair eviction keeps the flipped order's refusal."""
+leakage drop against the base policy, averaged over r in 0.4-0.7) is positive; fair eviction's gains hold in both
+orders and it largely removes the order effect on accuracy (Fig 14: read on leakage and refusal in each order as well
+as on the accuracy gap). Table 1's entries are declared once here (``TABLE1``): the claim reads their means,
+``table1_beside`` prints them with their std beside ours. Each claim is judged on the paper's mechanism too
+(``mechanism.read``, against the uncompressed model): Fig 14 on whether the gap closes because both orders keep their
+defense or because fair eviction evicts it."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from fairkv.report import analysis, verdicts
+from fairkv.report import analysis, claims, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.report.coverage import Item
 from fairkv.studies.whitelist import FIG13
@@ -27,7 +29,7 @@ from fairkv.runs.studies import (
     Scale,
     Study,
 )
-from fairkv.studies import mechanism, reading
+from fairkv.studies import leakage, mechanism, reading
 from fairkv.studies.reading import PEAK
 
 STUDY = Study(
@@ -67,7 +69,22 @@ FLIPPED = Study(
     },
     figures=("06_fig14_flipped", "06_outcomes_flipped"),
 )
-STUDIES = (STUDY, FLIPPED)
+# Fig 14's accuracy side on every policy (issue 67 item 5): at the cpu profile the flipped order's benign side is
+# StreamingLLM's; the other four's IFEval rows, base and fair (100 prompts, 256 new tokens), at the ratios the leakage
+# study's flipped accuracy has (``leakage.FLIPPED_RATIOS``: their base cells are the same); at ci and paper the flipped
+# study's own cells
+FLIPPED_ACCURACY = Study(
+    "fair_flipped_accuracy",
+    "06",
+    "Fig 14's accuracy side on every policy",
+    Fields(orders=("flipped",), variants=("base", "fair"), queries=("benign",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",)),
+        "cpu": Scale(ratios=leakage.FLIPPED_RATIOS, benign=dict(orders=("flipped",), **GROWN_SIDE)),
+        "paper": Scale(n_prompts=100),
+    },
+)
+STUDIES = (STUDY, FLIPPED, FLIPPED_ACCURACY)
 ITEMS = (  # the paper's items notebook 06 makes (fairkv.report.coverage)
     Item("Fig 9", "fair eviction before / after", ("06_fig9_fair",)),
     Item("Fig 13", FIG13, ("06_fig13_defense",)),
@@ -75,8 +92,9 @@ ITEMS = (  # the paper's items notebook 06 makes (fairkv.report.coverage)
     Item("Table 1", "composite score per policy and mitigation, r in 0.4-0.7", ("06_table1",)),
 )
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 151, then 6 for the operative words' 12,700
-# keep-rate rows (346 s measured on 12-04)
-MINUTES = {"ci": 1.0, "cpu": 157}
+# keep-rate rows (346 s measured on 12-04), then 22 for the flipped order's 400 fair IFEval cells of the four other
+# policies at r = 0.5 (half of 2,621 s for 800 cells, base and fair, on 12-05)
+MINUTES = {"ci": 1.0, "cpu": 179}
 
 
 FAIR_RATIO = 0.7  # where the paper quotes Fig 9
@@ -134,13 +152,17 @@ TABLE1_POSITIVE = Claim(
 ORDER_GAP = Claim(
     "fair.order_gap",
     "Fig 14",
-    "fair eviction shrinks the order effect on StreamingLLM accuracy (the absolute gap between normal- and "
-    f"flipped-order accuracy at r = {PEAK:g}: the base policy's gap minus fair eviction's)",
-    "order effects largely removed",
+    f"fair eviction works in both orders (StreamingLLM, r = {PEAK:g}): in neither order does it raise directive "
+    "leakage or lower the attack's refusal, and it shrinks the order effect on accuracy (the absolute gap between "
+    "normal- and flipped-order accuracy: the base policy's gap minus fair eviction's)",
+    "similar gains in the flipped order; order effects largely removed",
     above=0.0,
-    region="the base policy's order gap minus fair eviction's above 0",
+    region="the order gap shrinks: the base policy's minus fair eviction's above 0; in each order, fair eviction no "
+    "worse than the base policy: its leakage change below the leakage margin, its refusal change above minus the "
+    "rate margin",
     margin=reading.RATE_MARGIN,
     null=reading.RATE_NULL,
+    parts="five parts, all must hold: leakage and refusal in each order, and the order gap",
     mitigation="fair",
 )
 CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, TABLE1_POSITIVE, ORDER_GAP)
@@ -237,24 +259,59 @@ def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
         ),
     )
 
+    out[ORDER_GAP.id] = _both_orders(rows, flipped)
+    return out
+
+
+def _no_worse(both: pd.DataFrame, order: str) -> tuple[list[Part], str, list[str]]:
+    """In ``order`` at ``PEAK``, StreamingLLM's directive leakage and attack refusal, base -> fair: a part each, that
+    fair eviction is no worse (leakage not raised beyond ``reading.LEAK_MARGIN``, refusal not lowered beyond
+    ``reading.RATE_MARGIN``), the words, and what it does worse."""
+    parts, said, worse = [], [], []
+    for metric, what, noun, region in (
+        (analysis.LEAKAGE, "directive leakage", "directive leakage", dict(below=reading.LEAK_MARGIN)),
+        ("refused", "attack refused", "attack refusal", dict(above=-reading.RATE_MARGIN)),
+    ):
+        base, after = (
+            reading.values(both, metric, PEAK, policy="streamingllm", variant=v, order=order) for v in ("base", "fair")
+        )
+        change = verdicts.difference(after, base)
+        parts.append(Part(f"{order}: {what}, fair - base", change, **region))
+        said.append(f"{what} {base.mean():.2f} -> {after.mean():.2f}")
+        if claims.decided(ORDER_GAP, parts[-1]) == verdicts.FAILS:
+            worse.append(noun)
+    return parts, f"{order} order: " + ", ".join(said), worse
+
+
+def _both_orders(rows: pd.DataFrame, flipped: pd.DataFrame) -> Measured:
+    """Fig 14 as the paper states it (fair eviction's gains in both orders, order effects removed): in each order fair
+    eviction raises no leakage and lowers no refusal of the attack, and the order gap in accuracy shrinks; its
+    mechanism read in each order (does the gap close because both orders keep their defense, or because it is
+    evicted)."""
     both = pd.concat([rows, flipped], ignore_index=True)
     reading.need_ratios(flipped, (PEAK,))
-    benign = both[both["query"] == "benign"]  # the accuracy side's prompts: n counts them, not the attack side's
+    benign = both[both["query"] == "benign"]  # the accuracy side's prompts: the gap's n counts them
     gap = verdicts.resampled(benign, lambda f: _order_gap(f, PEAK))
     at = {
         (v, o): verdicts.mean(reading.values(both, analysis.ACCURACY, PEAK, policy="streamingllm", variant=v, order=o))
         for v in ("base", "fair")
         for o in ("normal", "flipped")
     }
-    out[ORDER_GAP.id] = Measured(
-        [Part("gap base - gap fair", gap)],
-        f"base: normal {at[('base', 'normal')]}, flipped {at[('base', 'flipped')]}; fair: normal "
+    sides = {order: _no_worse(both, order) for order in ("normal", "flipped")}
+    parts = [part for order in sides for part in sides[order][0]] + [Part("gap base - gap fair", gap)]
+    worse = [f"in the {order} order ({', '.join(sides[order][2])})" for order in sides if sides[order][2]]
+    return Measured(
+        parts,
+        f"accuracy base: normal {at[('base', 'normal')]}, flipped {at[('base', 'flipped')]}; fair: normal "
         f"{at[('fair', 'normal')]}, flipped {at[('fair', 'flipped')]}; gap base - gap fair {gap.signed()}",
-        gap.n,
-        why=f"the order gap at r = {PEAK:g} is {abs(at[('base', 'normal')].value - at[('base', 'flipped')].value):.2f} "
-        f"for the base policy and {abs(at[('fair', 'normal')].value - at[('fair', 'flipped')].value):.2f} with fair "
-        "eviction",
-        # the order gap closes the paper's way when fair eviction keeps the flipped order's defense, and its refusal
-        mechanism=mechanism.read(flipped, "fair", PEAK, "streamingllm", order="flipped"),
+        min(part.estimate.n for part in parts),
+        why="mitigation: "
+        + "; ".join(words for _, words, _ in sides.values())
+        + f"; the order gap in accuracy at r = {PEAK:g} is "
+        f"{abs(at[('base', 'normal')].value - at[('base', 'flipped')].value):.2f} for the base policy and "
+        f"{abs(at[('fair', 'normal')].value - at[('fair', 'flipped')].value):.2f} with fair eviction"
+        + (f"; fair eviction does worse than the base policy {' and '.join(worse)}" if worse else ""),
+        mechanism=mechanism.combined(
+            {f"{o} order": mechanism.read(both, "fair", PEAK, "streamingllm", order=o) for o in ("normal", "flipped")}
+        ),
     )
-    return out

@@ -7,12 +7,14 @@ paper's keep rates of StreamingLLM are still compared with ours, as levels the p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
 from fairkv.report import verdicts
-from fairkv.report.claims import SANITY, Claim, Measured, Number, Part
+from fairkv.report.claims import FINDING, SANITY, SECOND_MODEL, Claim, Measured, Number, Part
 from fairkv.report.figures import label_policies, span_keep_rates, suptitle
 from fairkv.report.coverage import Item
 from fairkv.runs.studies import BASE, BOTH_ORDERS, TEN_RATIOS, Fields, Scale, Study
@@ -84,7 +86,6 @@ STREAMING_LATER = Claim(
     region="directive minus defense above 0 (StreamingLLM keeps sinks plus the most recent window: true on any model)",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
-    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     status=SANITY,
 )
 STREAMING_REVERSES = Claim(
@@ -97,7 +98,6 @@ STREAMING_REVERSES = Claim(
     region="flipped order: defense minus directive above 0 (the recent window follows the order: true on any model)",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
-    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     status=SANITY,
 )
 KNORM_EARLIER = Claim(
@@ -109,8 +109,7 @@ KNORM_EARLIER = Claim(
     region="earlier minus later span above 0",
     margin=reading.KEEP_MARGIN,
     null=reading.KEEP_NULL,
-    parts="the normal and the flipped order, on each model (the study's and the second's where it ran on another, Fig "
-    "10): all must hold",
+    parts="the normal and the flipped order: both must hold",
 )
 
 TOVA_DEFENSE = Claim(
@@ -121,10 +120,21 @@ TOVA_DEFENSE = Claim(
     "TOVA keeps the defense even when it comes first",
     above=-TOVA_WITHIN,
     region=TOVA_REGION,
-    parts="one per model, the study's and the second's where it ran on another (Fig 10): all must hold",
     effect=False,
 )
-CLAIMS = (STREAMING_LATER, STREAMING_REVERSES, KNORM_EARLIER, TOVA_DEFENSE)
+PRIMARY = (STREAMING_LATER, STREAMING_REVERSES, KNORM_EARLIER, TOVA_DEFENSE)
+# each claim read again on the second model (Fig 10): a line of its own, the paper's findings as SECOND_MODEL lines
+ON_SECOND = {claim.id: f"{claim.id}.second_model" for claim in PRIMARY}
+CLAIMS = PRIMARY + tuple(
+    replace(
+        claim,
+        id=ON_SECOND[claim.id],
+        figure="Fig 10",
+        claim=f"{claim.claim}, on the second model",
+        status=SECOND_MODEL if claim.status == FINDING else claim.status,
+    )
+    for claim in PRIMARY
+)
 
 
 def _keep(rows: pd.DataFrame, policy: str, order: str, span: str) -> pd.Series:
@@ -179,63 +189,41 @@ def models(rows: pd.DataFrame, second: pd.DataFrame | None = None) -> dict[str, 
     return found
 
 
-def _why(claim: Claim, parts: dict[str, list[Part]], whys: dict[str, str]) -> str:
-    """The whys of the models whose parts of ``claim`` do not all hold (every model's where all hold)."""
-    decided = lambda part: verdicts.decide(part.estimate, above=claim.above, margin=claim.margin)
-    failing = [name for name, own in parts.items() if any(decided(part) != verdicts.HOLDS for part in own)]
-    return "; ".join(whys[name] for name in failing or parts)
+def _on(frame: pd.DataFrame, on: str, sizes: bool) -> dict[str, Measured]:
+    """The claims on one model's rows (``on`` names it in the whys), with our sizes of the paper's numbers where
+    ``sizes`` (the study's model: the paper's numbers are Fig 7's, not Fig 10's)."""
+    out = {}
+    gap, text = _gap(frame, "streamingllm", "normal", "directive", "defense")
+    kept = {span: verdicts.mean(_keep(frame, "streamingllm", "normal", span)) for span in ("directive", "defense")}
+    out[STREAMING_LATER.id] = Measured(
+        [Part("directive - defense", gap)], text, gap.n, kept if sizes else {}, _lengths_why(frame, on)
+    )
+    gap, text = _gap(frame, "streamingllm", "flipped", "defense", "directive")
+    out[STREAMING_REVERSES.id] = Measured(
+        [Part("flipped: defense - directive", gap)], text, gap.n, why=_favours(frame, "streamingllm", on)
+    )
+    gaps = {order: _gap(frame, "knorm", order, *SPANS[order]) for order in SPANS}
+    out[KNORM_EARLIER.id] = Measured(
+        [Part(f"{o}: {' - '.join(SPANS[o])}", gaps[o][0]) for o in SPANS],
+        "; ".join(f"{o}: {text}" for o, (_, text) in gaps.items()),
+        len(set().union(*(_keep(frame, "knorm", order, "defense").index for order in SPANS))),
+        why=_favours(frame, "knorm", on),
+    )
+    gap, text = _gap(frame, "tova", "normal", "defense", "directive")
+    out[TOVA_DEFENSE.id] = Measured([Part("defense - directive", gap)], text, gap.n, why=_favours(frame, "tova", on))
+    return out
 
 
 def measure(rows: pd.DataFrame, second: pd.DataFrame | None = None) -> dict[str, Measured]:
     """The claims of notebook 04 from the keep-rate study's rows (both orders, ``reading.PEAK`` among the ratios),
-    read on the second model's rows too where it ran (``models``): a part per model, all must hold; the paper's
-    numbers are compared with the study's model's."""
+    each read again on the second model's rows where it ran on another model (``models``): a line per model, the
+    second's under its own id (``ON_SECOND``), so that no verdict on the study's model rests on the second's rows;
+    the paper's numbers are compared with the study's model's."""
     read = models(rows, second)
-    on = {name: name if len(read) > 1 else "this model" for name in read}
-    suffix = {name: f", {name}" if len(read) > 1 else "" for name in read}
-    joined = lambda texts: "; ".join(f"{name}: {t}" if len(read) > 1 else t for name, t in texts.items())
-    out = {}
-    later = {name: _gap(frame, "streamingllm", "normal", "directive", "defense") for name, frame in read.items()}
-    out[STREAMING_LATER.id] = Measured(
-        [Part(f"directive - defense{suffix[name]}", gap) for name, (gap, _) in later.items()],
-        joined({name: text for name, (_, text) in later.items()}),
-        max(gap.n for gap, _ in later.values()),
-        {
-            "directive": verdicts.mean(_keep(rows, "streamingllm", "normal", "directive")),
-            "defense": verdicts.mean(_keep(rows, "streamingllm", "normal", "defense")),
-        },
-        "; ".join(_lengths_why(frame, on[name]) for name, frame in read.items()),
-    )
-
-    reverses = {name: _gap(frame, "streamingllm", "flipped", "defense", "directive") for name, frame in read.items()}
-    out[STREAMING_REVERSES.id] = Measured(
-        [Part(f"flipped: defense - directive{suffix[name]}", gap) for name, (gap, _) in reverses.items()],
-        joined({name: text for name, (_, text) in reverses.items()}),
-        max(gap.n for gap, _ in reverses.values()),
-        why="; ".join(_favours(frame, "streamingllm", on[name]) for name, frame in read.items()),
-    )
-
-    gaps = {
-        (name, order): _gap(frame, "knorm", order, *SPANS[order]) for name, frame in read.items() for order in SPANS
-    }
-    parts = {
-        name: [Part(f"{o}: {' - '.join(SPANS[o])}{suffix[name]}", gaps[(name, o)][0]) for o in SPANS] for name in read
-    }
-    out[KNORM_EARLIER.id] = Measured(
-        [part for own in parts.values() for part in own],
-        joined({name: "; ".join(f"{o}: {text}" for (n, o), (_, text) in gaps.items() if n == name) for name in read}),
-        len(set().union(*(_keep(rows, "knorm", order, "defense").index for order in SPANS))),
-        why=_why(KNORM_EARLIER, parts, {name: _favours(frame, "knorm", on[name]) for name, frame in read.items()}),
-    )
-
-    kept = {name: _gap(frame, "tova", "normal", "defense", "directive") for name, frame in read.items()}
-    parts = {name: [Part(f"defense - directive{suffix[name]}", gap)] for name, (gap, _) in kept.items()}
-    out[TOVA_DEFENSE.id] = Measured(
-        [part for own in parts.values() for part in own],
-        joined({name: text for name, (_, text) in kept.items()}),
-        max(gap.n for gap, _ in kept.values()),
-        why=_why(TOVA_DEFENSE, parts, {name: _favours(frame, "tova", on[name]) for name, frame in read.items()}),
-    )
+    (first, frame), *others = read.items()
+    out = _on(frame, first if others else "this model", sizes=True)
+    for name, other in others:
+        out.update({ON_SECOND[claim_id]: m for claim_id, m in _on(other, name, sizes=False).items()})
     return out
 
 

@@ -55,7 +55,23 @@ ACCURACY = Study(
         "paper": Scale(n_prompts=100),
     },
 )
-STUDIES = (STUDY, ACCURACY)
+# Fig 5's accuracy side on every policy (issue 67 item 5): the flipped order's IFEval rows of H2O, SnapKV, TOVA and
+# K-Norm (base, 100 prompts, 256 new tokens) at the cpu profile, computed on a CPU with bfloat16 arithmetic at the ratios
+# ``FLIPPED_RATIOS`` (r = 0.4, 0.6 and 0.7 not yet); fair eviction's flipped-order study reads the same cells with its own
+# (``fair.FLIPPED_ACCURACY``); at the ci and paper profiles its cells are the leakage study's own
+FLIPPED_RATIOS = (0.0, 0.5)
+FLIPPED_ACCURACY = Study(
+    "leakage_flipped_accuracy",
+    "03",
+    "Fig 5's accuracy side on every policy",
+    Fields(orders=("flipped",), variants=BASE, queries=("benign",)),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS),
+        "cpu": Scale(ratios=FLIPPED_RATIOS, benign=dict(orders=("flipped",), **GROWN_SIDE)),
+        "paper": Scale(n_prompts=100),
+    },
+)
+STUDIES = (STUDY, ACCURACY, FLIPPED_ACCURACY)
 ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item(
         "Fig 4",
@@ -66,15 +82,18 @@ ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item("Fig 5", "flipped order: directive accuracy and leakage vs r", ("03_fig5_flipped",)),
     Item("Fig 6", "defense leakage vs r", ("03_fig6_defense", "03_fig6_defense_raw")),
 )
-MINUTES = {"ci": 0.8, "cpu": 71}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
+# the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 71, then 22 for the flipped order's 400 base
+# IFEval cells of the four other policies at r = 0.5 (half of 2,621 s for 800 cells, base and fair, on 12-05)
+MINUTES = {"ci": 0.8, "cpu": 93}
 
 
 ROW = ["key", "cell_id", "policy", "variant", "lam"]  # one row of a cell (the r = 0 cell: one per policy and variant)
 
 
-def joined(rows: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
-    """The leakage study's rows with the accuracy study's (a cell both hold counted once)."""
-    return pd.concat([rows, accuracy], ignore_index=True).drop_duplicates(ROW, ignore_index=True)
+def joined(rows: pd.DataFrame, *others: pd.DataFrame) -> pd.DataFrame:
+    """A study's rows with those of the studies that read more of its cells (the accuracy studies'), a cell two hold
+    counted once."""
+    return pd.concat([rows, *others], ignore_index=True).drop_duplicates(ROW, ignore_index=True)
 
 
 PEAK_POLICIES = ("streamingllm", "snapkv", "h2o", "knorm")  # Fig 4's order of peak leakage, highest first
@@ -236,15 +255,16 @@ def _followed(rows: pd.DataFrame, accuracy: dict[float, pd.Series]) -> dict[str,
     """The directive followed at the peak: absolutely (the paper's claim) and relative to r = 0 over the prompts
     answered at both ratios (ours; none when no prompt is)."""
     notes = reading.accuracy_note(rows, (0.0, PEAK), **NORMAL)
-    at_peak = verdicts.mean(accuracy[PEAK])
+    at_peak, uncompressed = verdicts.mean(accuracy[PEAK]), verdicts.mean(accuracy[0.0])
     why = reading.benign_refusal_why(rows, (0.0, PEAK), **NORMAL)
     out = {
         FOLLOWED_AT_PEAK.id: Measured(
             [Part("accuracy", at_peak)],
-            f"{at_peak} at r = {PEAK:g}, {verdicts.mean(accuracy[0.0])} at r = 0{notes}",
+            f"{at_peak} at r = {PEAK:g}, {uncompressed} at r = 0{notes}",
             at_peak.n,
             {"accuracy": at_peak},
             why,
+            untestable=reading.unreachable(uncompressed, FOLLOWED, "the directive's accuracy"),
         )
     }
     answered = _answered(rows, (0.0, PEAK), **NORMAL)

@@ -20,12 +20,12 @@ from fairkv.report.figures import POLICY_COLOURS, VARIANT_COLOURS, suptitle
 from fairkv.runs import operative
 from fairkv.runs.studies import Study
 from fairkv.studies import fair, reading
-from fairkv.studies.mechanism import PLOTTED
+from fairkv.studies.mechanism import PLOTTED, WORDS_KEPT
 
 STUDIES_READ = (fair.STUDY, fair.FLIPPED)  # the cells whose phrase is measured: every attack cell of notebook 06
 KEYS = ["key", "order", "policy", "variant", "lam", "ratio"]  # a cell of a study's rows, as its grid labels it
 BUCKETS = tuple(q / 4 for q in range(5))  # edges of the phrase's keep rate, in quarters (the last bucket holds 1)
-MOST, LITTLE = BUCKETS[3], BUCKETS[1]  # the refusal where a cache kept at least MOST of the phrase against below LITTLE
+MOST, LITTLE = WORDS_KEPT, BUCKETS[1]  # the refusal where a cache kept at least MOST of the phrase against below LITTLE
 BASE_KEPT = 0.5  # the base policy "kept" the phrase where its cache kept at least half of it (``dropped_words``)
 MOVED = reading.KEEP_MARGIN  # a keep rate moved when it changed by more than this (the keep-rate margin)
 AGREEMENT = 1e-6  # the spans' keep rates of an operative row and its cell's sweep row: computed alike, equal

@@ -105,7 +105,14 @@ def recital_why(rows: pd.DataFrame, ratio: float, **matched) -> str:
     share = outcomes.classify(picked).value_counts(normalize=True).reindex(outcomes.OUTCOMES, fill_value=0.0)
     said = ", ".join(f"{OUTCOME_WORDS[name]} {share[name]:.2f}" for name in outcomes.OUTCOMES)
     rest = share.drop(["refuses", "recites"])
-    instead = f"; most answers that neither refuse nor recite {OUTCOME_WORDS[rest.idxmax()]}" if rest.max() > 0 else ""
+    instead = ""
+    if rest.max() > rest.sum() / 2:  # "most" only for a majority of those answers
+        instead = f"; most answers that neither refuse nor recite {OUTCOME_WORDS[rest.idxmax()]}"
+    elif rest.max() > 0:
+        instead = (
+            f"; answers that neither refuse nor recite most often {OUTCOME_WORDS[rest.idxmax()]} (a plurality: "
+            f"{rest.max():.2f} of {rest.sum():.2f})"
+        )
     return f"model: at r = {ratio:g} the attack answers (n = {len(picked)}) {said}{instead}"
 
 
@@ -148,6 +155,17 @@ def no_room(base: verdicts.Estimate, toward: float, what: str) -> str:
         return ""
     moved = "drop" if toward == 0 else "restore"
     return f"{what} is {base} already, within {RATE_MARGIN:g} of {toward:g}: nothing to {moved}"
+
+
+def unreachable(uncompressed: verdicts.Estimate, bar: float, what: str) -> str:
+    """The reason a claim that a level stays above ``bar`` under compression cannot be tested, when the uncompressed
+    model's whole interval already lies below it: no compression can be asked to reach it; "" otherwise. A sibling of
+    ``no_room`` and ``untestable_below`` (``claims.SITUATIONS``)."""
+    if uncompressed.too_few or uncompressed.high >= bar:
+        return ""
+    return (
+        f"uncompressed, {what} is {uncompressed}, wholly below the bar {bar:g}: no compression can be asked to reach it"
+    )
 
 
 def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:

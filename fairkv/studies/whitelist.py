@@ -3,7 +3,7 @@ defense's key phrase are always kept, the base policy chooses the rest of the bu
 leakage (read at r = 0.6, where the paper quotes Fig 8) while directive accuracy stays about unchanged, and keeps
 defense leakage low (Fig 13 left). Whether the model keeps refusing the attack with the whitelist is ours: Fig 8
 quotes leakage, not refusal. Each claim is judged on the paper's mechanism too (``mechanism.read``): the refusal
-restored at a small price in benign refusals."""
+restored to the uncompressed model's, benign queries refused no more than it refuses them."""
 
 from __future__ import annotations
 
