@@ -92,9 +92,9 @@ ITEMS = (  # the paper's items notebook 06 makes (fairkv.report.coverage)
     Item("Table 1", "composite score per policy and mitigation, r in 0.4-0.7", ("06_table1",)),
 )
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 151, then 6 for the operative words' 12,700
-# keep-rate rows (346 s measured on 12-04), then 22 for the flipped order's 400 fair IFEval cells of the four other
-# policies at r = 0.5 (half of 2,621 s for 800 cells, base and fair, on 12-05)
-MINUTES = {"ci": 1.0, "cpu": 179}
+# keep-rate rows (346 s measured on 12-04), then 22 per ratio of ``leakage.FLIPPED_RATIOS`` for the flipped order's 400
+# fair IFEval cells of the four other policies (as the leakage study's base cells: ``leakage.MINUTES``)
+MINUTES = {"ci": 1.0, "cpu": 201}
 
 
 FAIR_RATIO = 0.7  # where the paper quotes Fig 9
