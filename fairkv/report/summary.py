@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from fairkv.report import coverage, verdicts
-from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, bonferroni_level, heads
+from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, heads
 
 
 def counted(claims: pd.DataFrame, column: str, values) -> str:
