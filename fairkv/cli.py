@@ -39,7 +39,7 @@ from fairkv.core.paths import (
     results_dir,
 )
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
-from fairkv.report import figures, readme
+from fairkv.report import figures, outcomes, readme
 from fairkv.runs import fingerprint, redecode, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
@@ -341,22 +341,23 @@ def run_redecode(ids: list[str], profile: str) -> int:
 
 
 def run_verify(paths: list[Path], sample: int, seed: int) -> int:
-    """Print each store's verification; exit status 1 when a row differs other than after a near tie."""
+    """Print each store's verification; exit status 1 when a store fails its rule (a row that differs other than after
+    a near tie or within its tolerance, or decoded answers of other arithmetic agreeing less than native decodes)."""
     reports = []
     for path in paths:
         try:
-            reports.append(verify.verify(path, sample, seed))
+            reports.append(verify.verify(path, sample, seed, reading=outcomes.reading))
         except verify.VerifyError as error:
             raise SystemExit(f"fairkv verify: {error}") from error
         print(reports[-1], flush=True)
-    return int(any(report.defects for report in reports))
+    return int(any(report.failed for report in reports))
 
 
 def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
     """Verify then restamp each store; a store whose recomputed rows differ keeps its stamp (exit status 1)."""
     for path in paths:
         try:
-            report, changed = verify.restamp(path, was, sample, seed)
+            report, changed = verify.restamp(path, was, sample, seed, reading=outcomes.reading)
         except verify.VerifyError as error:
             raise SystemExit(f"fairkv restamp: {error}") from error
         print(f"{report}\n{path}: {changed} rows restamped {was} -> {verify.stamp(report.now)}", flush=True)

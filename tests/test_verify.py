@@ -11,7 +11,9 @@ import pytest
 from sweeps import GRID, complete_lines
 
 from fairkv import cli
-from fairkv.runs import experiment, fingerprint, judge, verify
+from fairkv.core import arithmetic
+from fairkv.report import outcomes
+from fairkv.runs import experiment, fingerprint, judge, tolerance, verify
 from fairkv.runs.store import ResultsStore
 
 
@@ -178,3 +180,74 @@ def test_every_store_is_a_grids_rows_or_the_atlas_keep_rates():
     assert verify.kind_of(Path("a"), mixed) is verify.SWEEP
     with pytest.raises(verify.VerifyError, match="1 of 2 rows are neither"):
         verify.kind_of(Path("x"), [{**sweep, "policy": "snapkv"}, {"cell_id": "judged"}])
+
+
+def _elsewhere(path, edit=None) -> list[dict]:
+    """Mark every row of the store at ``path`` as computed with other arithmetic (and apply ``edit`` to the rows)."""
+    rows = [json.loads(line) for line in complete_lines(path)]
+    for row in rows:
+        row[arithmetic.FIELD] = "cpu float32 elsewhere"
+    if edit:
+        edit(rows)
+    path.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    return rows
+
+
+def test_rows_of_other_arithmetic_are_judged_by_the_stated_tolerance(stored, smollm):
+    """Rows recorded as computed elsewhere: a keep rate moved within ``KEEP_BOUND`` and an answer that parted (its
+    scores those of its stored text) pass, with the rule named; a keep rate moved beyond the bound does not."""
+    decoded = lambda rows: next(i for i, row in enumerate(rows) if row["query"] == "benign" and row["response"])
+
+    def edit(rows):
+        rows[0]["keep_defense"] += tolerance.KEEP_BOUND / 2
+        row = rows[decoded(rows)]
+        row["response"] += " (decoded elsewhere)"
+        row.update(verify._scores(smollm, row))
+
+    rows = _elsewhere(stored, edit)
+    report = verify.verify(stored, sample=len(rows), progress=False, reading=outcomes.reading)
+    here = f"tolerance (cpu float32 elsewhere -> {arithmetic.path(smollm)})"
+    assert report.rules == {here: len(rows)} and not report.failed, str(report)
+    assert set(report.within) == {rows[0]["cell_id"], rows[decoded(rows)]["cell_id"]}
+    assert sum(n for n, _, _ in report.agreement.counts.values()) == sum(row["query"] != "keep" for row in rows)
+    rows = _elsewhere(
+        stored, lambda rows: rows[0].update(keep_defense=rows[0]["keep_defense"] + 2 * tolerance.KEEP_BOUND)
+    )
+    assert verify.verify(stored, sample=len(rows), progress=False, reading=outcomes.reading).defects == [
+        rows[0]["cell_id"]
+    ]
+
+
+def test_a_score_its_stored_response_does_not_give_is_a_defect_on_any_arithmetic(stored):
+    rows = [json.loads(line) for line in complete_lines(stored)]
+    attack = next(row for row in rows if row["query"] == "attack")
+    attack["leak_directive"] = 1 - attack["leak_directive"]
+    stored.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    report = verify.verify(stored, sample=len(rows), progress=False)
+    assert report.misscored == {attack["cell_id"]: ["leak_directive"]} and report.defects == [attack["cell_id"]]
+
+
+def test_decoded_answers_of_other_arithmetic_must_agree_as_often_as_native_decodes():
+    """The floor is two native decodes' agreement: a sample shown below it fails, one that cannot be told from it
+    passes (95% Wilson interval)."""
+    agreement = tolerance.Agreement()
+    for i in range(20):
+        agreement.add("attack", same_answer=i < 19, same_reading=True)
+        agreement.add("benign", same_answer=i < 12, same_reading=i < 19)
+    assert agreement.below() == []
+    for i in range(20):
+        agreement.add("benign", same_answer=i < 4, same_reading=i < 19)
+    assert [line.split(" identical")[0] for line in agreement.below()] == ["benign answers"]
+
+
+def test_the_native_floor_is_what_the_committed_redecoded_rows_give():
+    """``tolerance.AGREEMENT`` is measured, not typed: the committed redecoded cells against the store's rows."""
+    folder = Path(__file__).resolve().parents[1] / "results" / "cpu"
+    stored = ResultsStore(folder / "qwen2.5-coder-1.5b.jsonl").rows()
+    again = ResultsStore(folder / "redecoded" / "qwen2.5-coder-1.5b.jsonl").rows()
+    pairs = [(stored[cell], row) for cell, row in again.items() if cell in stored]
+    measured = tolerance.Agreement()
+    for a, b in pairs:
+        measured.add(verify.query_kind(a), a["response"] == b["response"], outcomes.reading(a) == outcomes.reading(b))
+    for kind, (n, answers, readings) in measured.counts.items():
+        assert tolerance.AGREEMENT[kind] == {"answers": answers / n, "readings": readings / n}, kind

@@ -119,6 +119,14 @@ def outcome(row: dict, attack: str) -> str:
     return "other"
 
 
+def reading(row: dict) -> str:
+    """What a decoded answer says, as ``fairkv verify`` compares it across arithmetic paths: an attack answer's
+    outcome; a benign answer's strict IFEval verdict per instruction (LongBench's: its score)."""
+    if row["query"] != "benign":
+        return outcome(row, attack_texts()[row["query"]])
+    return json.dumps(row["strict_list"] if "strict_list" in row else row.get("trec_score"))
+
+
 def echoes(words: list[str], told: list[str]) -> bool:
     """The whole attack (its words ``told``) said back in the answer's ``words``, making at least ``ECHO_SHARE`` of
     it."""

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from fairkv.core import models
+from fairkv.core import arithmetic, models
 from fairkv.runs import fingerprint
 
 KINDS = ("serial", "ray")
@@ -52,7 +52,8 @@ class Serial:
             return
         if self.lm is None:
             self.lm = shared_model(job, models.default_device())
-        for rows in job.compute(self.lm, tasks):  # one pass over every task: a sweep's decode batch stays full
+        # one pass over every task (a sweep's decode batch stays full), each row stamped with its arithmetic
+        for rows in arithmetic.computed(self.lm, job.compute(self.lm, tasks)):
             release_memory()
             yield rows
 
@@ -90,7 +91,7 @@ class _Worker:
         self.job, self.lm = job, job.load(device)
 
     def compute(self, task: list) -> list[dict]:
-        return [row for rows in self.job.compute(self.lm, [task]) for row in rows]
+        return [row for rows in arithmetic.computed(self.lm, self.job.compute(self.lm, [task])) for row in rows]
 
     def pid(self) -> int:
         return os.getpid()

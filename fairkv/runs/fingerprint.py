@@ -53,6 +53,7 @@ ATLAS = ("runs/atlas.py:run",)  # the press atlas's keep rates
 JUDGE = ("runs/judge.py:Job",)  # the judge's scores (notebook 10), the calibration's among them
 OPERATIVE = ("runs/operative.py:run",)  # the keep rates of the defense's operative words (notebook 06)
 NEUTRAL = (
+    "core/arithmetic.py",  # the arithmetic path: stamped on each row in a field of its own, as the CPU it ran on
     "core/paths.py",
     "core/progress.py",
     "runs/store.py",

@@ -25,7 +25,11 @@ kernels (AMD Zen 4), the judge's 1,600 scores with AMX (capped, 2 of 20 sampled 
 with AMX, oneDNN's default AMX kernels round differently (1,056 of 1,584 keep-rate rows of four prompts in both orders
 differed in a keep rate), and capped to the AVX512-BF16 kernels those of one recompute identically (396 of 396): there,
 verify the sweep's and the atlas's rows as ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 fairkv verify ...`` (issue 49;
-``benchmarks/results/restamp_issue49.txt``). Nothing stamps the kernels a row was computed with yet.
+``benchmarks/results/restamp_issue49.txt``). Every row now records its arithmetic (``fairkv.core.arithmetic``: the
+device, precision and kernel family, or emulated bfloat16): where this process computes with the row's, the comparison
+is bit for bit as above; where not, each kind of row is judged by ``fairkv.runs.tolerance``'s stated rule (keep rates
+within a measured bound, decoded answers agreeing at least as often as two native decodes do, scores always equal to
+the stored response's), and the report names the rule it applied.
 """
 
 from __future__ import annotations
@@ -40,14 +44,15 @@ from typing import Callable
 
 import torch
 
-from fairkv.core import data, generation, models, per_setting, prompts, score_once
+from fairkv.core import arithmetic, data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.attention import decoding
 from fairkv.core.presses.registry import runnable
 from fairkv.core.progress import Bar
-from fairkv.runs import atlas, experiment, fingerprint, judge, operative
+from fairkv.runs import atlas, experiment, fingerprint, judge, operative, tolerance
 from fairkv.runs.store import ResultsStore
 
-IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema"}  # timings and stamps: never equal twice
+# timings and stamps: never equal twice (the arithmetic a row was computed with: which rule judges it)
+IGNORED = {"prefill_s", "cut_s", "decode_s", "prompt_s", "versions", "schema", arithmetic.FIELD}
 TIE_STEPS = 2  # a near tie: the two tokens' logits at most this many rounding steps of the precision apart
 SWEEP_IDENTITY = {"dataset", "key", "order", "policy", "variant", "lam", "ratio", "query", "max_new_tokens", "dtype"}
 COMPRESSION = ("n_prefix", "span_tokens", "keep_")  # fields (and prefixes) a near tie never changes
@@ -71,23 +76,47 @@ class Report:
     identical: int = 0
     differing: dict[str, list[str]] = field(default_factory=dict)  # cell id -> fields that differ
     near_ties: dict[str, str] = field(default_factory=dict)  # differing cell id -> where its responses part, and why
+    rules: dict[str, int] = field(default_factory=dict)  # the rule applied ("bitwise", or a tolerance) -> rows
+    within: dict[str, str] = field(default_factory=dict)  # differing cell id of other arithmetic -> within its rule
+    agreement: tolerance.Agreement = field(default_factory=tolerance.Agreement)  # decoded rows of other arithmetic
+    misscored: dict[str, list[str]] = field(default_factory=dict)  # cell id -> scores its stored response does not give
 
     @property
     def defects(self) -> list[str]:
-        """Differing rows that a near tie does not explain."""
-        return [cell for cell in self.differing if cell not in self.near_ties]
+        """Rows whose stored response does not give their scores, and differing rows that neither a near tie (same
+        arithmetic) nor their rule's tolerance (other arithmetic) explains."""
+        unexplained = [cell for cell in self.differing if cell not in self.near_ties and cell not in self.within]
+        return list(dict.fromkeys([*self.misscored, *unexplained]))
+
+    @property
+    def failed(self) -> bool:
+        """A defective row, or decoded answers of other arithmetic agreeing less than two native decodes do."""
+        return bool(self.defects or self.agreement.below())
 
     def __str__(self) -> str:
+        rules = ", ".join(f"{rule} for {n}" for rule, n in self.rules.items())
         lines = [
             f"{self.store}: {self.identical} of {self.sampled} rows recomputed identically, "
             f"{len(self.near_ties)} differ after a near tie (within {TIE_STEPS} rounding steps; a judge's score: "
-            "within its tolerance), "
-            f"{len(self.defects)} differ otherwise"
+            f"within its tolerance), {len(self.within)} of other arithmetic differ within its tolerance "
+            f"(fairkv.runs.tolerance), {len(self.defects)} differ otherwise",
+            f"  rule applied: {rules}",
         ]
+        if self.agreement.counts:
+            lines.append(f"  decoded on other arithmetic: {self.agreement}")
+        lines += [f"  below the native floor: {short}" for short in self.agreement.below()]
         for cell, fields in self.differing.items():
-            tie = f" after a near tie: {self.near_ties[cell]}" if cell in self.near_ties else ""
-            lines.append(f"  {cell}: differs in {', '.join(fields)}{tie}")
+            why = self.near_ties.get(cell) or self.within.get(cell)
+            lines.append(f"  {cell}: differs in {', '.join(fields)}{f': {why}' if why else ''}")
+        lines += [
+            f"  {cell}: its stored response scores otherwise in {', '.join(f)}" for cell, f in self.misscored.items()
+        ]
         return "\n".join(lines)
+
+
+def query_kind(row: dict) -> str:
+    """A decoded row's kind of query: "benign", or "attack" for every attack query."""
+    return "benign" if row["query"] == "benign" else "attack"
 
 
 def stamp(versions: dict) -> str:
@@ -207,9 +236,18 @@ def differences(stored: dict, fresh: dict) -> list[str]:
     return sorted(name for name in names if not same(name))
 
 
-def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stamped: str | None = None) -> Report:
-    """Recompute ``sample`` random rows of the store at ``path`` (all if fewer) and compare them field by field.
-    The rows must carry this checkout's stamp for their kind, or ``stamped`` (``restamp``'s check)."""
+def verify(
+    path: Path,
+    sample: int,
+    seed: int = 0,
+    progress: bool = True,
+    stamped: str | None = None,
+    reading: Callable[[dict], str] | None = None,
+) -> Report:
+    """Recompute ``sample`` random rows of the store at ``path`` (all if fewer) and compare them field by field: bit
+    for bit where this process computes with the arithmetic a row records, by ``fairkv.runs.tolerance``'s rule where it
+    does not (``reading``: what a decoded answer says, ``fairkv.report.outcomes.reading``, needed there). The rows must
+    carry this checkout's stamp for their kind, or ``stamped`` (``restamp``'s check)."""
     rows = list(ResultsStore(path).rows().values())
     if not rows:
         raise VerifyError(f"{path} holds no rows")
@@ -232,37 +270,90 @@ def verify(path: Path, sample: int, seed: int = 0, progress: bool = True, stampe
             model = (row.get("model", row.get("judge")), row["dtype"], row.get("int8", False))
             lm = loaded.get(model) or kind.load(row)
             loaded[model] = lm
-            fresh = kind.recompute(row, lm, Path(scratch) / row["cell_id"])
+            with arithmetic.emulation(lm):
+                fresh = kind.recompute(row, lm, Path(scratch) / row["cell_id"])
             if row["cell_id"] not in fresh:
                 raise VerifyError(
                     f"cell {row['cell_id']}: its rebuilt grid computes cell(s) {sorted(fresh)}; this "
                     "code cannot rebuild the row's identity"
                 )
-            changed = differences(row, fresh[row["cell_id"]])
-            if changed:
-                report.differing[row["cell_id"]] = changed
-                if kind is JUDGE and set(changed) <= JUDGE_TOLERANCE.keys():
-                    alike = _judged_alike(row, fresh[row["cell_id"]])
-                    if alike:
-                        report.near_ties[row["cell_id"]] = alike
-                if kind.decodes and _response_only(changed):
-                    tie = near_tie(lm, row, fresh[row["cell_id"]]["response"])
-                    if tie:
-                        report.near_ties[row["cell_id"]] = tie
-            else:
-                report.identical += 1
+            _compare(report, kind, lm, row, fresh[row["cell_id"]], reading)
             bar.update(1)
     bar.close()
     return report
 
 
-def restamp(path: Path, was: str, sample: int = 20, seed: int = 0, progress: bool = True) -> tuple[Report, int]:
+def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) -> None:
+    """Add one recomputed row to ``report``, by the rule of the arithmetic it was stored with against this process's."""
+    here, stored = arithmetic.path(lm), row.get(arithmetic.FIELD, "unrecorded")
+    rule = "bitwise" if stored == here else f"tolerance ({stored} -> {here})"
+    report.rules[rule] = report.rules.get(rule, 0) + 1
+    cell, changed = row["cell_id"], differences(row, fresh)
+    if kind.decodes:
+        misscored = scored_otherwise(lm, row)
+        if misscored:
+            report.misscored[cell] = misscored
+        if rule != "bitwise":
+            if reading is None:
+                raise VerifyError(f"{report.store}: decoded rows of other arithmetic need a reading to compare")
+            same = row["response"] == fresh["response"]
+            report.agreement.add(query_kind(row), same, same or reading(row) == reading(fresh))
+    if not changed:
+        report.identical += 1
+        return
+    report.differing[cell] = changed
+    if kind is JUDGE and set(changed) <= JUDGE_TOLERANCE.keys():
+        alike = _judged_alike(row, fresh)
+        if alike:
+            report.near_ties[cell] = alike
+    elif rule == "bitwise" and kind.decodes and _response_only(changed):
+        tie = near_tie(lm, row, fresh["response"])
+        if tie:
+            report.near_ties[cell] = tie
+    elif rule != "bitwise":
+        within = _within_tolerance(kind, lm, row, fresh, changed)
+        if within:
+            report.within[cell] = within
+
+
+def _within_tolerance(kind: Kind, lm, row: dict, fresh: dict, changed: list[str]) -> str | None:
+    """How a row recomputed with other arithmetic differs, if only as ``fairkv.runs.tolerance`` allows: keep rates
+    within ``KEEP_BOUND``, and a parted answer with what is scored from it (its scores checked apart)."""
+    moved = tolerance.keep_moved(row, fresh)
+    scored = set(_scores(lm, row)) | {"response", "new_tokens"} if kind.decodes else set()
+    rest = [name for name in changed if not tolerance.is_keep_field(name) and name not in scored]
+    if rest or moved > tolerance.KEEP_BOUND:
+        return None
+    parts = [f"keep rates within {moved:.4f} (bound {tolerance.KEEP_BOUND})"] if moved else []
+    return ", ".join(parts + (["the answer parted"] if "response" in changed else []))
+
+
+def _scores(lm, row: dict) -> dict:
+    """The scores this code gives the row's stored response."""
+    record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
+    if row["query"] == "benign":
+        return metrics.benign_scores(record, row["response"])
+    prompt = prompts.prompt_for(lm.tokenizer, record, data.load_defense_templates(), row["order"], row.get("template"))
+    return metrics.attack_scores(prompt.references, row["response"], prompt.raw_references)
+
+
+def scored_otherwise(lm, row: dict) -> list[str]:
+    """The score fields of a decoded row that its stored response, scored by this code, does not give (on any
+    arithmetic: no model runs)."""
+    scores = _scores(lm, row)
+    return differences({name: row.get(name, "<missing>") for name in scores}, scores)
+
+
+def restamp(
+    path: Path, was: str, sample: int = 20, seed: int = 0, progress: bool = True, reading=None
+) -> tuple[Report, int]:
     """Give the rows of ``path`` stamped ``was`` this checkout's stamp, after ``verify`` recomputed ``sample`` of them
-    with this checkout's code and none differed but for near ties: for a change of code that keeps what rows hold
-    (a new fingerprint, a refactoring) without computing them again. Returns the verification and the rows
-    restamped; a defect is an error and nothing is written."""
-    report = verify(path, sample, seed, progress, stamped=was)
-    if report.defects:
+    with this checkout's code and none failed its rule (bitwise but for near ties on the arithmetic the rows record,
+    ``fairkv.runs.tolerance`` on other arithmetic: the report names the rule and the path): for a change of code
+    that keeps what rows hold (a new fingerprint, a refactoring) without computing them again. Returns the
+    verification and the rows restamped; a failure is an error and nothing is written."""
+    report = verify(path, sample, seed, progress, stamped=was, reading=reading)
+    if report.failed:
         raise VerifyError(f"{report}\n{path}: rows differ, so they keep their stamp {was}: compute them again")
     now = report.now
 

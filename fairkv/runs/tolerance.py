@@ -1,0 +1,101 @@
+"""How ``fairkv verify`` judges a row recomputed with other arithmetic than made it (issue 67, item 2).
+
+Bits are the standard only on the same arithmetic (``fairkv.core.arithmetic``: the device, the precision and the
+kernel family a row records in its ``arithmetic`` field). Elsewhere a sum runs in another order, so a keep rate can move
+by a token's share at the eviction threshold and a decoded answer can part where two tokens were close, as it does
+when the same cells are decoded natively in another batch. A row of other arithmetic is then judged by a rule per
+kind of row, each stated here with the measurement behind it:
+
+- **Scores from the stored response** (any decoded row, on any path): scoring the stored response with this code gives
+  the stored scores exactly. No arithmetic is involved, so this is a defect wherever it fails.
+- **Keep rates**: every span's keep rate within ``KEEP_BOUND`` of the stored one. Measured against the committed press
+  atlas (AVX512-BF16): 40 rows recomputed with AMX kernels moved by at most 0.0031, 40 with emulated bfloat16 by at
+  most ``EMULATED_MOVED`` (``benchmarks/results/emulated_bfloat16.txt``); the bound is twice the larger.
+- **Decoded answers**: an answer may part; over the sample, per kind of query (the attack's, the benign one), the
+  share of identical answers and the share of identical readings (``fairkv.report.outcomes.reading``: an attack
+  answer's outcome, refuses / recites / echoes / obeys / other; a benign answer's IFEval verdict per instruction) must
+  not be shown lower than two native decodes of the same cells agree (``AGREEMENT``, from the committed redecoded
+  stores: ``benchmarks/results/decode_agreement.txt``): a defect when the upper end of the sample share's 95% Wilson
+  interval lies below it. The fields scored from a parted answer are not compared (its own scores are checked above).
+- **A judge's scores**: its digit equal, its continuous columns within ``verify.JUDGE_TOLERANCE`` (as for another
+  batch on the same path).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from fairkv.core.metrics import proportion_ci
+
+AMX_MOVED = 0.0031  # 40 atlas rows, AMX against AVX512-BF16 kernels (shared NOTES, issue 49's restamp log)
+EMULATED_MOVED = 0.0034  # 40 atlas rows, emulated against AVX512-BF16 (benchmarks/results/emulated_bfloat16.txt)
+KEEP_BOUND = round(2 * max(AMX_MOVED, EMULATED_MOVED), 3)  # a span's keep rate on other arithmetic: at most this far
+# two native decodes of the same cells in other batches (benchmarks/results/decode_agreement.txt: 1,700 attack and
+# 5,900 benign cells of results/cpu/redecoded/ against the committed rows): the shares identical
+AGREEMENT = {
+    "attack": {"answers": 1623 / 1700, "readings": 1683 / 1700},
+    "benign": {"answers": 3915 / 5900, "readings": 5712 / 5900},
+}
+KEEP_FIELDS = (
+    "keep",
+    "keep_",
+)  # an atlas row's keep rates (a dict by span), a grid's or operative row's (one per span)
+
+
+def keep_rates(row: dict) -> dict[str, float]:
+    """A row's keep rate per span (empty where it has none)."""
+    if isinstance(row.get("keep"), dict):
+        return dict(row["keep"])
+    return {name.removeprefix("keep_"): value for name, value in row.items() if name.startswith("keep_")}
+
+
+def keep_moved(stored: dict, fresh: dict) -> float:
+    """How far the two rows' keep rates are apart: the largest difference over spans (a rate missing in both, None
+    or NaN as for an empty span, is equal; infinite where their spans differ or one row alone lacks a rate)."""
+    a, b = keep_rates(stored), keep_rates(fresh)
+    if a.keys() != b.keys():
+        return float("inf")
+    missing = lambda value: value is None or math.isnan(value)
+    moved = [
+        0.0 if missing(a[s]) and missing(b[s]) else abs(a[s] - b[s]) for s in a if not (missing(a[s]) ^ missing(b[s]))
+    ]
+    return max(moved, default=0.0) if len(moved) == len(a) else float("inf")
+
+
+def is_keep_field(name: str) -> bool:
+    return name == "keep" or name.startswith("keep_")
+
+
+@dataclass
+class Agreement:
+    """Decoded rows recomputed with other arithmetic: per kind of query, how many pairs, identical answers and
+    identical readings."""
+
+    counts: dict[str, list[int]] = field(default_factory=dict)  # kind -> [pairs, same answers, same readings]
+
+    def add(self, kind: str, same_answer: bool, same_reading: bool) -> None:
+        tally = self.counts.setdefault(kind, [0, 0, 0])
+        tally[0] += 1
+        tally[1] += same_answer
+        tally[2] += same_reading
+
+    def below(self) -> list[str]:
+        """Each share shown lower than two native decodes agree (its 95% interval's upper end below the floor)."""
+        short = []
+        for kind, (n, *same) in sorted(self.counts.items()):
+            for what, k in zip(("answers", "readings"), same):
+                floor, upper = AGREEMENT[kind][what], proportion_ci(k, n)[1]
+                if upper < floor:
+                    short.append(
+                        f"{kind} {what} identical in {k} of {n} (95% CI up to {upper:.2f}), below two native "
+                        f"decodes' {floor:.3f}"
+                    )
+        return short
+
+    def __str__(self) -> str:
+        return "; ".join(
+            f"{kind}: {same_answers} of {n} answers identical (native floor {AGREEMENT[kind]['answers']:.3f}), "
+            f"{same_readings} of {n} readings (floor {AGREEMENT[kind]['readings']:.3f})"
+            for kind, (n, same_answers, same_readings) in sorted(self.counts.items())
+        )
