@@ -7,8 +7,10 @@ Prints the CPU's bfloat16 kernel family; a decoding step's MLP matmul (a running
 steps of Qwen2.5-Coder-1.5B in each; then ``--rows`` keep-rate rows of the committed press atlas
 (``results/cpu/atlas/``, computed natively with AVX512-BF16 kernels), drawn at random (seeded), recomputed with emulated
 bfloat16 (and natively, where this CPU has bfloat16 arithmetic): how many come out identical, and the largest and 90th
-percentile difference of a span's keep rate. Those differences are what ``fairkv.runs.verify.KEEP_BOUND`` is derived
-from. On an AVX2-only CPU skip the native path's prefill and decode with ``--no-native`` (it runs at 0.3 GFLOP/s).
+percentile difference of a span's keep rate: what ``fairkv.runs.tolerance.KEEP_BOUND`` is derived from. On an
+AVX2-only CPU leave the native path out (``--paths emulated``: it runs at 0.3 GFLOP/s there); run under
+``ONEDNN_MAX_CPU_ISA`` (``AVX512_CORE``: bfloat16 converted, without its instructions) to measure another native
+kernel family against the committed rows, with ``--no-speed`` to skip the timings.
 """
 
 from __future__ import annotations
@@ -69,36 +71,42 @@ def keep_rate_differences(lm: models.LoadedModel, rows: list[dict]) -> list[floa
     return moved
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=40)
-    parser.add_argument("--no-native", action="store_true", help="skip the native bfloat16 prefill and keep rates")
-    args = parser.parse_args()
-    print(
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}, bfloat16 kernels: {arithmetic.cpu_family()}, "
-        f"bfloat16 arithmetic: {models.bfloat16_arithmetic()}, {arithmetic.SETTING}=auto chooses {arithmetic.mode()}"
-    )
+def speed(paths: list[str]) -> None:
+    """The matmul's GFLOP/s, then Qwen's prefill and decoding steps, in float32 and on each of ``paths``."""
     for label, dtype, emulated in (
         ("float32", torch.float32, False),
         ("bfloat16 native", torch.bfloat16, False),
         ("bfloat16 emulated", torch.bfloat16, True),
     ):
         print(f"matmul (128 x 1536) @ (1536 x 8960), {label}: {matmul_gflops(dtype, emulated):.1f} GFLOP/s")
-    paths = ["float32", "emulated"] + ([] if args.no_native else ["native"])
-    lms = {}
-    for name in paths:
+    for name in ["float32", *paths]:
+        lm = None  # the previous model freed before the next loads
         with arithmetic.forced("native" if name == "native" else "emulated"):
             lm = models.load_model(MODEL, dtype=torch.float32 if name == "float32" else torch.bfloat16)
             prefill, decode = prefill_and_decode(lm)
             print(
                 f"{MODEL}, {arithmetic.path(lm)}: 100-token prefill {prefill:.2f} s, 32 decoding steps {decode:.2f} s"
             )
-            if name != "float32":
-                lms[name] = lm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--paths", nargs="+", default=["emulated", "native"], choices=["emulated", "native"])
+    parser.add_argument("--no-speed", action="store_true", help="skip the matmuls, prefills and decodes")
+    args = parser.parse_args()
+    print(
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, bfloat16 kernels: {arithmetic.cpu_family()}, "
+        f"bfloat16 arithmetic: {models.bfloat16_arithmetic()}, {arithmetic.SETTING}=auto chooses {arithmetic.mode()}"
+    )
+    if not args.no_speed:
+        speed(args.paths)
     rows = [row for row in ResultsStore(ATLAS).rows().values() if row.get("keep")]
     chosen = random.Random(0).sample(rows, args.rows)
-    for name, lm in lms.items():
+    for name in args.paths:
+        lm = None  # the previous path's model (and its float32 copies) freed before the next loads
         with arithmetic.forced(name):
+            lm = models.load_model(MODEL, dtype=torch.bfloat16)
             began = time.perf_counter()
             moved = np.array(keep_rate_differences(lm, chosen))
             print(

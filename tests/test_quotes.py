@@ -21,6 +21,7 @@ import fairkv.studies
 from fairkv import cli
 from fairkv.core import data, metrics, progress, prompts
 from fairkv.report import readme
+from fairkv.runs import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -113,6 +114,40 @@ QUOTES = (
         r"Qwen's prefill (\d+) times slower",
         RESULTS / "bfloat16_avx2.txt",
         r"qwen2.5-coder-1.5b, one 100-token prefill: .* \((\d+)\.\dx\)",
+    ),
+    Quote("docs/reliability.md", r"a span's keep rate within ([\d.]+)", value=lambda: str(tolerance.KEEP_BOUND)),
+    Quote(
+        "docs/reliability.md",
+        r"atlas rows: ([\d.]+) for emulated bfloat16",
+        RESULTS / "emulated_bfloat16.txt",
+        r"cpu bfloat16 emulated: \d+ identical; a span's keep rate moved by at most ([\d.]+)",
+    ),
+    Quote(
+        "docs/reliability.md",
+        r"([\d.]+) for oneDNN's AVX512 kernels",
+        RESULTS / "emulated_bfloat16_avx512.txt",
+        r"cpu bfloat16 avx512: \d+ identical; a span's keep rate moved by at most ([\d.]+)",
+    ),
+    *(
+        Quote("docs/reliability.md", said, RESULTS / "decode_agreement.txt", cell)
+        for said, cell in (
+            (r"are: ([\d.]+) and [\d.]+ of attack", r"attack: .*?identical answers \d+ \(([\d.]+)\)"),
+            (r"are: [\d.]+ and ([\d.]+) of attack", r"benign: .*?identical answers \d+ \(([\d.]+)\)"),
+            (r"([\d.]+) and [\d.]+ read alike", r"attack: .*?identical readings \d+ \(([\d.]+)\)"),
+            (r"[\d.]+ and ([\d.]+) read alike", r"benign: .*?identical readings \d+ \(([\d.]+)\)"),
+        )
+    ),
+    Quote(
+        "docs/benchmarks.md",
+        r"the emulated matmul ran at ([\d.]+) GFLOP/s",
+        RESULTS / "emulated_bfloat16.txt",
+        r"bfloat16 emulated: ([\d.]+) GFLOP/s",
+    ),
+    Quote(
+        "docs/benchmarks.md",
+        r"float32 at ([\d.]+) GFLOP/s",
+        RESULTS / "emulated_bfloat16.txt",
+        r"\), float32: ([\d.]+) GFLOP/s",
     ),
     Quote(
         "notebooks/03_pitfalls3_4_leakage.ipynb",

@@ -4,6 +4,7 @@ that differs is named with the fields that differ."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -251,3 +252,26 @@ def test_the_native_floor_is_what_the_committed_redecoded_rows_give():
         measured.add(verify.query_kind(a), a["response"] == b["response"], outcomes.reading(a) == outcomes.reading(b))
     for kind, (n, answers, readings) in measured.counts.items():
         assert tolerance.AGREEMENT[kind] == {"answers": answers / n, "readings": readings / n}, kind
+
+
+def test_the_keep_rate_bound_is_twice_the_largest_move_measured_on_other_arithmetic():
+    """``tolerance.MOVED`` is what ``benchmarks/emulated_bfloat16.py`` printed for each path other than the committed
+    rows' own, and the bound is twice the largest."""
+    printed = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("emulated_bfloat16*.txt")):
+        for found in re.finditer(
+            r"keep-rate rows recomputed, ([\w ]+): .* moved by at most ([\d.]+)", path.read_text()
+        ):
+            printed[found.group(1)] = float(found.group(2))
+    assert printed.pop("cpu bfloat16 avx512_bf16", 0.0) == 0.0  # the committed rows' own kernels: bit for bit
+    assert printed == tolerance.MOVED and tolerance.KEEP_BOUND == round(2 * max(printed.values()), 3)
+
+
+def test_restamp_on_other_arithmetic_applies_the_tolerance_and_says_so(stored, capsys):
+    """A change of code restamped on a CPU whose arithmetic differs from the rows': the rule applied is named."""
+    _elsewhere(stored)
+    rows = _stamped(stored, "0123456789ab")
+    assert cli.main(["restamp", str(stored), "--was", "0123456789ab", "--sample", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "rule applied: tolerance (cpu float32 elsewhere -> cpu float32" in out
+    assert f"{len(rows)} rows restamped 0123456789ab -> {fingerprint.code_fingerprint()}" in out

@@ -156,10 +156,11 @@ def _float32(value):
         return value
     if not isinstance(value, torch.nn.Parameter):
         return value.float()
-    held = _FLOAT32.get(id(value))
-    if held is None or held[0]() is not value:
-        held = (weakref.ref(value), value.detach().float())
-        _FLOAT32[id(value)] = held
+    key = id(value)
+    held = _FLOAT32.get(key)
+    if held is None or held[0]() is not value:  # the copy leaves with its parameter (a model freed frees both)
+        held = (weakref.ref(value, lambda _, key=key: _FLOAT32.pop(key, None)), value.detach().float())
+        _FLOAT32[key] = held
     return held[1]
 
 

@@ -8,9 +8,10 @@ kind of row, each stated here with the measurement behind it:
 
 - **Scores from the stored response** (any decoded row, on any path): scoring the stored response with this code gives
   the stored scores exactly. No arithmetic is involved, so this is a defect wherever it fails.
-- **Keep rates**: every span's keep rate within ``KEEP_BOUND`` of the stored one. Measured against the committed press
-  atlas (AVX512-BF16): 40 rows recomputed with AMX kernels moved by at most 0.0031, 40 with emulated bfloat16 by at
-  most ``EMULATED_MOVED`` (``benchmarks/results/emulated_bfloat16.txt``); the bound is twice the larger.
+- **Keep rates**: every span's keep rate within ``KEEP_BOUND`` of the stored one: twice the largest move measured
+  (``MOVED``) when 40 rows of the committed press atlas (AVX512-BF16) were recomputed on other arithmetic, emulated
+  bfloat16 and oneDNN's AVX512 kernels without bfloat16 instructions (``benchmarks/emulated_bfloat16.py``; an earlier
+  session measured AMX's kernels within 0.0031 on 40 rows too).
 - **Decoded answers**: an answer may part; over the sample, per kind of query (the attack's, the benign one), the
   share of identical answers and the share of identical readings (``fairkv.report.outcomes.reading``: an attack
   answer's outcome, refuses / recites / echoes / obeys / other; a benign answer's IFEval verdict per instruction) must
@@ -28,13 +29,14 @@ from dataclasses import dataclass, field
 
 from fairkv.core.metrics import proportion_ci
 
-AMX_MOVED = 0.0031  # 40 atlas rows, AMX against AVX512-BF16 kernels (shared NOTES, issue 49's restamp log)
-EMULATED_MOVED = 0.0034  # 40 atlas rows, emulated against AVX512-BF16 (benchmarks/results/emulated_bfloat16.txt)
-KEEP_BOUND = round(2 * max(AMX_MOVED, EMULATED_MOVED), 3)  # a span's keep rate on other arithmetic: at most this far
+# the largest move of a span's keep rate over 40 committed atlas rows (computed with AVX512-BF16 kernels) recomputed
+# on other arithmetic (benchmarks/results/emulated_bfloat16*.txt)
+MOVED = {"cpu bfloat16 emulated": 0.0048, "cpu bfloat16 avx512": 0.0071}
+KEEP_BOUND = round(2 * max(MOVED.values()), 3)  # a span's keep rate on other arithmetic: at most this far
 # two native decodes of the same cells in other batches (benchmarks/results/decode_agreement.txt: 1,700 attack and
 # 5,900 benign cells of results/cpu/redecoded/ against the committed rows): the shares identical
 AGREEMENT = {
-    "attack": {"answers": 1623 / 1700, "readings": 1683 / 1700},
+    "attack": {"answers": 1623 / 1700, "readings": 1682 / 1700},
     "benign": {"answers": 3915 / 5900, "readings": 5712 / 5900},
 }
 KEEP_FIELDS = (
