@@ -289,7 +289,8 @@ def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) ->
     rule = "bitwise" if stored == here else f"tolerance ({stored} -> {here})"
     report.rules[rule] = report.rules.get(rule, 0) + 1
     cell, changed = row["cell_id"], differences(row, fresh)
-    if kind.decodes:
+    decoded = kind.decodes and "response" in row  # a grid's keep rows decode nothing
+    if decoded:
         misscored = scored_otherwise(lm, row)
         if misscored:
             report.misscored[cell] = misscored
@@ -306,21 +307,21 @@ def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) ->
         alike = _judged_alike(row, fresh)
         if alike:
             report.near_ties[cell] = alike
-    elif rule == "bitwise" and kind.decodes and _response_only(changed):
+    elif rule == "bitwise" and decoded and _response_only(changed):
         tie = near_tie(lm, row, fresh["response"])
         if tie:
             report.near_ties[cell] = tie
     elif rule != "bitwise":
-        within = _within_tolerance(kind, lm, row, fresh, changed)
+        within = _within_tolerance(decoded, lm, row, fresh, changed)
         if within:
             report.within[cell] = within
 
 
-def _within_tolerance(kind: Kind, lm, row: dict, fresh: dict, changed: list[str]) -> str | None:
+def _within_tolerance(decoded: bool, lm, row: dict, fresh: dict, changed: list[str]) -> str | None:
     """How a row recomputed with other arithmetic differs, if only as ``fairkv.runs.tolerance`` allows: keep rates
     within ``KEEP_BOUND``, and a parted answer with what is scored from it (its scores checked apart)."""
     moved = tolerance.keep_moved(row, fresh)
-    scored = set(_scores(lm, row)) | {"response", "new_tokens"} if kind.decodes else set()
+    scored = set(_scores(lm, row)) | {"response", "new_tokens"} if decoded else set()
     rest = [name for name in changed if not tolerance.is_keep_field(name) and name not in scored]
     if rest or moved > tolerance.KEEP_BOUND:
         return None
