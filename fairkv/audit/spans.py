@@ -178,7 +178,11 @@ def _stop() -> frozenset[str]:
 
 def content_words(text: str) -> int:
     """How many of ``text``'s ROUGE tokens are content words (no ``STOPWORDS``)."""
-    return sum(token not in _stop() for token in _tokenizer().tokenize(text))
+    return _content(_tokenizer().tokenize(text))
+
+
+def _content(tokens: list[str]) -> int:
+    return sum(token not in _stop() for token in tokens)
 
 
 def judged(reference: str, replies) -> bool:
@@ -190,12 +194,11 @@ def span_recall(reference: str, response: str, replies) -> Recall:
     """ROUGE-L recall of ``reference`` in ``response``, both without ``replies`` (the scripted replies and mandated
     phrases, ``Spec.removed``: a response is scored only for what it reproduces beyond what the prompt tells it to
     write), with the content words matched; NaN for a span too short to judge (``judged``)."""
-    if not judged(reference, replies):
-        return Recall(float("nan"), 0)
     ours = _tokenizer().tokenize(without_replies(reference, replies))
-    theirs = _tokenizer().tokenize(without_replies(response, replies))
-    matched = _common_subsequence(ours, theirs)
-    return Recall(len(matched) / len(ours), sum(token not in _stop() for token in matched))
+    if _content(ours) < MIN_CONTENT:
+        return Recall(float("nan"), 0)
+    matched = _common_subsequence(ours, _tokenizer().tokenize(without_replies(response, replies)))
+    return Recall(len(matched) / len(ours), _content(matched))
 
 
 def _common_subsequence(a: list[str], b: list[str]) -> list[str]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from fairkv.core import models
+from fairkv.core import models, paths
 
 SETTING = "FAIRKV_BFLOAT16"
 MODES = ("auto", "native", "emulated")
@@ -194,17 +194,8 @@ def computed(lm: models.LoadedModel, batches: Iterable[list[dict]]) -> Iterator[
         yield [{**row, FIELD: label} for row in rows]
 
 
-@contextmanager
 def forced(value: str):
     """Within the block, ``FAIRKV_BFLOAT16`` is ``value`` (tests, benchmarks); restored after."""
     if value not in MODES:
         raise SettingError(f"{SETTING}={value!r}: use one of {', '.join(MODES)}")
-    previous = os.environ.get(SETTING)
-    os.environ[SETTING] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(SETTING, None)
-        else:
-            os.environ[SETTING] = previous
+    return paths.environment(SETTING, value)

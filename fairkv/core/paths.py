@@ -38,18 +38,24 @@ def frozen() -> bool:
 
 
 @contextmanager
-def frozen_run(on: bool = True):
-    """Within the block, and in the notebook kernels it starts (they inherit the setting), render from stored results
-    only (``on``) or compute what is missing (not ``on``, whatever the environment said); restored after."""
-    previous = os.environ.get(FROZEN_SETTING)
-    os.environ[FROZEN_SETTING] = "1" if on else "0"
+def environment(name: str, value: str):
+    """Within the block (and the processes it starts, which inherit it) the environment setting ``name`` is ``value``;
+    restored after, or removed where it was unset."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(FROZEN_SETTING, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[FROZEN_SETTING] = previous
+            os.environ[name] = previous
+
+
+def frozen_run(on: bool = True):
+    """Within the block, and in the notebook kernels it starts (they inherit the setting), render from stored results
+    only (``on``) or compute what is missing (not ``on``, whatever the environment said); restored after."""
+    return environment(FROZEN_SETTING, "1" if on else "0")
 
 
 def redecoded() -> bool:

@@ -59,10 +59,13 @@ def keep_moved(stored: dict, fresh: dict) -> float:
     if a.keys() != b.keys():
         return float("inf")
     missing = lambda value: value is None or math.isnan(value)
-    moved = [
-        0.0 if missing(a[s]) and missing(b[s]) else abs(a[s] - b[s]) for s in a if not (missing(a[s]) ^ missing(b[s]))
-    ]
-    return max(moved, default=0.0) if len(moved) == len(a) else float("inf")
+    moved = 0.0
+    for span in a:
+        if missing(a[span]) != missing(b[span]):
+            return float("inf")
+        if not missing(a[span]):
+            moved = max(moved, abs(a[span] - b[span]))
+    return moved
 
 
 def is_keep_field(name: str) -> bool:

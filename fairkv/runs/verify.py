@@ -290,8 +290,9 @@ def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) ->
     report.rules[rule] = report.rules.get(rule, 0) + 1
     cell, changed = row["cell_id"], differences(row, fresh)
     decoded = kind.decodes and "response" in row  # a grid's keep rows decode nothing
+    scores = _scores(lm, row) if decoded else {}  # this code's scores of the stored response
     if decoded:
-        misscored = scored_otherwise(lm, row)
+        misscored = differences({name: row.get(name, "<missing>") for name in scores}, scores)
         if misscored:
             report.misscored[cell] = misscored
         if rule != "bitwise":
@@ -312,16 +313,17 @@ def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) ->
         if tie:
             report.near_ties[cell] = tie
     elif rule != "bitwise":
-        within = _within_tolerance(decoded, lm, row, fresh, changed)
+        within = _within_tolerance(scores, row, fresh, changed)
         if within:
             report.within[cell] = within
 
 
-def _within_tolerance(decoded: bool, lm, row: dict, fresh: dict, changed: list[str]) -> str | None:
+def _within_tolerance(scores: dict, row: dict, fresh: dict, changed: list[str]) -> str | None:
     """How a row recomputed with other arithmetic differs, if only as ``fairkv.runs.tolerance`` allows: keep rates
-    within ``KEEP_BOUND``, and a parted answer with what is scored from it (its scores checked apart)."""
+    within ``KEEP_BOUND``, and a parted answer with what is scored from it (``scores``, the stored response's, checked
+    apart; none for a row that decodes nothing)."""
     moved = tolerance.keep_moved(row, fresh)
-    scored = set(_scores(lm, row)) | {"response", "new_tokens"} if decoded else set()
+    scored = set(scores) | ({"response", "new_tokens"} if scores else set())
     rest = [name for name in changed if not tolerance.is_keep_field(name) and name not in scored]
     if rest or moved > tolerance.KEEP_BOUND:
         return None
@@ -336,13 +338,6 @@ def _scores(lm, row: dict) -> dict:
         return metrics.benign_scores(record, row["response"])
     prompt = prompts.prompt_for(lm.tokenizer, record, data.load_defense_templates(), row["order"], row.get("template"))
     return metrics.attack_scores(prompt.references, row["response"], prompt.raw_references)
-
-
-def scored_otherwise(lm, row: dict) -> list[str]:
-    """The score fields of a decoded row that its stored response, scored by this code, does not give (on any
-    arithmetic: no model runs)."""
-    scores = _scores(lm, row)
-    return differences({name: row.get(name, "<missing>") for name in scores}, scores)
 
 
 def restamp(
