@@ -14,7 +14,7 @@ from fairkv.runs.studies import NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 
 # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries): at the cpu
-# profile StreamingLLM on 2 prompts per category; at ci short answers, as the study's cost is its 30 attacks over every
+# profile StreamingLLM on 10 prompts per category; at ci short answers, as the study's cost is its 30 attacks over every
 # cache, read in batches padded to their longest attack (one has 412 tokens), so 8 at a time
 ATTACKS = Study(
     "attacks",
@@ -23,7 +23,7 @@ ATTACKS = Study(
     Fields(variants=("base", "whitelist", "fair")),
     {
         "ci": Scale(n_prompts=1, policies=("streamingllm",), ratios=(0.0, 0.5), max_new_tokens=16, batch_size=8),
-        "cpu": Scale(n_prompts=2, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
+        "cpu": Scale(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5)),
         "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
     },
     figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),

@@ -5,8 +5,8 @@ Fair StreamingLLM (Section 5.2, Algorithm 1) keeps each span's tail. The standar
 instruction to refuse with the scripted reply (``prompts.OPERATIVE_SENTENCE``), sits in the defense's middle, so from
 r = 0.5 fair StreamingLLM keeps none of it and refuses no attack (notebook 06, ``fairkv.studies.operative``). The same
 prompts with that sentence moved to the defense's start and to its end (``prompts.MOVED_TEMPLATES``, every other word
-in its place), base and fair, StreamingLLM and SnapKV, the paper's attack (at the cpu profile r = 0 and 0.5-0.7,
-``READ``): does fair eviction keep the refusal when the operative words sit where it keeps tokens? The middle is the
+in its place), base and fair, StreamingLLM and SnapKV, the paper's attack (at the cpu profile r = 0 and 0.3-0.7; the
+claim reads r = 0.5-0.7, ``READ``): does fair eviction keep the refusal when the operative words sit where it keeps tokens? The middle is the
 paper's own template, whose rows are notebook 06's. Each cell's keep rate of the operative words
 (``fairkv.runs.operative``) is measured beside its answer."""
 
@@ -23,8 +23,8 @@ from fairkv.runs.studies import CI_PROMPTS, NORMAL, TEN_RATIOS, Fields, Scale, S
 from fairkv.studies import operative, reading
 
 # where fair StreamingLLM keeps none of the sentence in the middle (notebook 06); at r = 0.3-0.4 it keeps some and
-# refuses (0.94, 0.87), so the cpu profile runs these three and r = 0 (100 prompts, 1,300 cells per place: an attack
-# answer costs about 0.6 s here)
+# refuses (0.94, 0.87), so the claim reads these three; the cpu profile runs r = 0 and 0.3-0.7, the figure showing where
+# the refusal goes (100 prompts, 2,100 cells per place: an attack answer costs about 0.6 s here)
 READ = (0.5, 0.6, 0.7)
 GEOMETRY = Study(
     "geometry",
@@ -33,7 +33,7 @@ GEOMETRY = Study(
     Fields(orders=NORMAL, policies=("streamingllm", "snapkv"), variants=("base", "fair"), queries=("attack",)),
     {
         "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5)),
-        "cpu": Scale(ratios=(0.0, *READ)),  # the claim's ratios (0.3-0.4 left out for time: see READ)
+        "cpu": Scale(ratios=(0.0, 0.3, 0.4, *READ)),
         "paper": Scale(n_prompts=100, ratios=TEN_RATIOS),
     },
     figures=("11_geometry", "11_geometry_cells"),

@@ -15,7 +15,7 @@ from fairkv.runs.studies import CI_PROMPTS, NORMAL, TEN_RATIOS, Fields, Scale, S
 from fairkv.studies import reading
 
 # one span count per run (dataset spans_2 / 3 / 5 / 8, see fairkv.core.multispan); compliance needs the benign query
-# only. At the cpu profile StreamingLLM (the paper's headline policy), 10 prompts per span count; at ci its fewest points
+# only. At the cpu profile StreamingLLM (the paper's headline policy), 30 prompts per span count; at ci its fewest points
 SPANS = Study(
     "spans",
     "11",
@@ -24,7 +24,7 @@ SPANS = Study(
     {
         "ci": Scale(n_prompts=CI_PROMPTS, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=32),
         "cpu": Scale(
-            n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
+            n_prompts=30, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, 0.5, 0.7), benign_tokens=128
         ),
         "paper": Scale(n_prompts=100, ratios=TEN_RATIOS, benign_tokens=1280),
     },
