@@ -4,10 +4,11 @@ system prompt (``fairkv.audit``); ``fairkv store check|compact|seal`` inspects, 
 scratch; ``fairkv redecode`` decodes the cells of claims near decoding noise again under another batch plan
 (``fairkv.runs.redecode``), which ``fairkv reproduce --redecoded`` then reads.
 
-Each notebook is executed with its own defaults plus any ``-p NAME VALUE`` overrides (values are read as YAML, as
-papermill does: ``-p ratios "[0.0, 0.5]"``), and the executed copy is written under ``reports/<profile>/`` (its figure links
-point to ``figures/<profile>/``). ``-p profile cpu`` runs the embedded-default reproduction
-(Qwen2.5-Coder-1.5B), ``-p profile paper -p model <HF id>`` the paper's scale on a GPU.
+Each notebook is executed with its own defaults (the cpu profile: the embedded-default reproduction,
+Qwen2.5-Coder-1.5B) plus any ``-p NAME VALUE`` overrides (values are read as YAML, as papermill does: ``-p ratios
+"[0.0, 0.5]"``). At its defaults the executed notebook replaces the committed one in ``notebooks/``; with overrides
+(``-p profile ci``: SmolLM2, minutes; ``-p profile paper -p model <HF id>``: the paper's scale on a GPU) the executed
+copy is written under ``reports/<profile>/`` (``fairkv.report.notebooks``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import papermill
 import torch
 import yaml
-from traitlets.config import Config
 
 from fairkv import audit
 from fairkv import studies as claimed
@@ -39,14 +38,11 @@ from fairkv.core.paths import (
     results_dir,
 )
 from fairkv.core.presses import POLICIES, PolicyError, get_policy
-from fairkv.report import figures, outcomes, readme
+from fairkv.report import figures, notebooks, outcomes, readme
 from fairkv.runs import fingerprint, redecode, verify
 from fairkv.runs.store import ResultsStore, StoreError
 
-NOTEBOOKS = REPO_ROOT / "notebooks"
 AUDIT_MODEL = "qwen2.5-coder-1.5b"
-# The kernel talks to papermill over local sockets (no TCP, so no unencrypted-TCP warning from ipykernel).
-KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 
 
 def expected_time(profile: str, notebooks: list[Path]) -> str:
@@ -64,48 +60,59 @@ def expected_time(profile: str, notebooks: list[Path]) -> str:
     )
 
 
-def reproduce(names: list[str] | None = None, parameters: dict | None = None, frozen: bool = False) -> list[str]:
+def reproduce(
+    names: list[str] | None = None, parameters: dict | None = None, frozen: bool = False, check: bool = False
+) -> list[str]:
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
-    notebook's rows done / total and ETA as its loops report them, and its wall time. ``frozen``: render from the
-    stored results only (``paths.frozen_run``: the notebooks' kernels inherit it): a missing or stale row stops
-    the run with an error naming it; notebook 00, which stores nothing (one prompt, computed as it is shown), runs as
-    always."""
-    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    if names:
-        notebooks = [nb for nb in notebooks if any(nb.name.startswith(n) for n in names)]
-        if not notebooks:
-            raise SystemExit(
-                f"no notebook matches {names}; available: {[nb.name for nb in sorted(NOTEBOOKS.glob('*.ipynb'))]}"
-            )
+    notebook's rows done / total and ETA as its loops report them, and its wall time. At their defaults (the committed
+    profile, no other parameter) the executed notebook replaces the committed one (``notebooks.settle``); otherwise
+    it goes to ``reports/<profile>/``. ``frozen``: render from the stored results only (``paths.frozen_run``: the
+    kernels inherit it): a missing or stale row stops the run with an error naming it; notebook 00, which stores
+    nothing (one prompt, computed as it is shown), runs as always. ``check``: frozen, and the committed notebooks are
+    re-executed under nbval (``notebooks.check``), written nowhere; a notebook whose output differs fails the run."""
+    chosen = notebooks.numbered(names)
     parameters = parameters or {}
-    profile = str(parameters.get("profile", "ci"))
+    profile = str(parameters.get("profile", readme.PROFILE))
+    in_place = profile == readme.PROFILE and not set(parameters) - {"profile"} and not redecoded()
+    if check and not in_place:
+        raise SystemExit(
+            f"--check re-executes the committed notebooks at their defaults: no parameter but -p profile {readme.PROFILE}"
+        )
     out_dir = reports_dir() / profile
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if frozen:
+    if frozen or check:
         print(
             f"frozen: rendering from the stored results in {results_dir() / profile}; nothing is computed", flush=True
         )
     else:
-        print(expected_time(profile, notebooks), flush=True)
-    written = []
+        print(expected_time(profile, chosen), flush=True)
+    written, failed = [], []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fairkv-progress-") as scratch, frozen_run(frozen):
-        for number, notebook in enumerate(notebooks, start=1):
-            target = out_dir / notebook.name
-            print(f"[{number}/{len(notebooks)}] {notebook.name} -> {target}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fairkv-notebooks-") as scratch, frozen_run(frozen or check):
+        for number, notebook in enumerate(chosen, start=1):
+            target = notebook if in_place else out_dir / notebook.name
+            print(f"[{number}/{len(chosen)}] {notebook.name} -> {'checked by nbval' if check else target}", flush=True)
             began = time.monotonic()
             with progress.Monitor(Path(scratch) / "state.json"):
-                papermill.execute_notebook(
-                    str(notebook),
-                    str(target),
-                    parameters=parameters,
-                    cwd=str(out_dir),
-                    progress_bar=False,
-                    config=KERNEL_CONFIG,
-                )
+                if check:
+                    failed += [notebook.name] if notebooks.check(notebook) else []
+                elif in_place:
+                    notebooks.execute(notebook, Path(scratch) / notebook.name, {}, notebooks.FOLDER)
+                    notebooks.settle(Path(scratch) / notebook.name, notebook)
+                else:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    notebooks.execute(notebook, target, parameters, out_dir)
             print(f"  {notebook.name} done in {progress.duration(time.monotonic() - began)}", flush=True)
-            written.append(str(target))
-    print(f"{len(notebooks)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
+            written += [] if check else [str(target)]
+    print(f"{len(chosen)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
+    _pages(profile, parameters)
+    if failed:
+        raise SystemExit(f"nbval: {len(failed)} notebook(s) differ from their committed outputs: {', '.join(failed)}")
+    return written
+
+
+def _pages(profile: str, parameters: dict) -> None:
+    """After the notebooks: the summary of every paper-vs-us table and, at the README's profile, its results section
+    and the results pages."""
     folder = figures.output_dir(profile, parameters.get("output"))
     if any((folder / "tables").glob("*_paper_vs_us.csv")) and not redecoded():
         print(f"summary: {claimed.write_summary(folder, f'Paper vs us, {profile} profile')}")
@@ -115,7 +122,6 @@ def reproduce(names: list[str] | None = None, parameters: dict | None = None, fr
                 print(f"results section: {written}")
             except readme.ReadmeError as error:
                 print(f"README's results section not rewritten: {error}")
-    return written
 
 
 def _reproduce_arguments(commands) -> None:
@@ -127,6 +133,12 @@ def _reproduce_arguments(commands) -> None:
         "--frozen",
         action="store_true",
         help="render from the stored results only: a missing or stale row is an error, nothing is computed",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="frozen, and the committed notebooks are re-executed under nbval instead of written: each cell's output "
+        "must be the committed one (what CI runs)",
     )
     run.add_argument(
         "--redecoded",
@@ -276,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.redecoded:
         with redecoded_run(), tempfile.TemporaryDirectory(prefix="fairkv-redecoded-") as scratch:
             os.environ["FAIRKV_REPORTS_DIR"] = scratch  # the executed copies are not kept: only the tables count
-            reproduce(args.notebooks or None, parameters, args.frozen)
+            reproduce(args.notebooks or None, parameters, args.frozen, args.check)
         return 0
-    reproduce(args.notebooks or None, parameters, args.frozen)
+    reproduce(args.notebooks or None, parameters, args.frozen, args.check)
     return 0
 
 

@@ -73,7 +73,7 @@ def normal_prompt(smollm, records, templates) -> prompts.Prompt:
 
 
 # Tiers, set here and nowhere else: `model` (loads a language model: directly, through a fixture, or in a child
-# process), `data` (reads the reference data in data/), `slow` (Qwen, Ray, killed subprocesses, Chromium, notebooks).
+# process), `data` (reads the reference data in data/), `slow` (Qwen, Ray, killed subprocesses, Chromium, notebooks run by papermill).
 # `make test-fast` runs what is neither `model` nor `slow`.
 MODEL_FIXTURES = {"smollm", "qwen", "qwen_judge", "hf_folder", "reference", "serial_rows", "report"}
 DATA_FIXTURES = {"records", "templates", "attack", "normal_prompt"}
@@ -82,30 +82,28 @@ DATA_FIXTURES = {"records", "templates", "attack", "normal_prompt"}
 def pytest_configure(config):
     config.addinivalue_line("markers", "model: loads a language model (embedded SmolLM2 or Qwen), here or in a child")
     config.addinivalue_line("markers", "data: reads the reference data shipped in data/")
-    config.addinivalue_line("markers", "slow: Qwen, Ray, killed subprocesses, Chromium, notebooks: seconds to minutes")
+    config.addinivalue_line(
+        "markers", "slow: Qwen, Ray, killed subprocesses, Chromium, notebooks run by papermill: seconds to minutes"
+    )
 
 
-# Workers (`make test` runs pytest-xdist, two workers): the notebooks run in one worker, in order, as without xdist
-# (nbval keeps one kernel per notebook, and later notebooks reuse the rows earlier ones put in the run's results store);
-# the Qwen checks (tests named test_qwen_*, and the items run on Qwen's tokenizer) in one worker, after the judge's
+# Workers (`make test` runs pytest-xdist, two workers; the notebooks are checked by nbval in `make reproduce FROZEN=1`,
+# fairkv.report.notebooks): the Qwen checks (tests named test_qwen_*, and the items run on Qwen's tokenizer) in one worker, after the judge's
 # check has converted the model, so that Qwen is converted and loaded once; every other test with the rest of its
 # module, so a module's fixtures are computed once. The groups are scopes of xdist's loadscope scheduler (xdist's own
 # xdist_group marks rename node ids, which pytest 9 ignores), handed out in the order ``group_rank`` gives them (the
-# longest first: the notebooks, Qwen, modules with slow tests, with model tests, the rest), so that no long group
-# starts last.
-NOTEBOOKS_GROUP, QWEN_GROUP = "notebooks", "qwen"
+# longest first: Qwen, modules with slow tests, with model tests, the rest), so that no long group starts last.
+QWEN_GROUP = "qwen"
 
 
 def worker_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
-    if path.endswith(".ipynb"):
-        return NOTEBOOKS_GROUP
     return QWEN_GROUP if name.startswith("test_qwen") or QWEN in name else path  # QWEN in name: a parameter
 
 
 def group_rank(group: str, slow: set[str], model: set[str]) -> int:
-    """0 the notebooks, 1 Qwen, 2 groups with slow tests, 3 with tests of a model, 4 the rest."""
-    return {NOTEBOOKS_GROUP: 0, QWEN_GROUP: 1}.get(group, 2 if group in slow else 3 if group in model else 4)
+    """0 Qwen, 1 groups with slow tests, 2 with tests of a model, 3 the rest."""
+    return 0 if group == QWEN_GROUP else 1 if group in slow else 2 if group in model else 3
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called only where it runs
@@ -123,9 +121,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if item.path.suffix == ".ipynb":  # nbval: a notebook cell runs a model
-            item.add_marker("slow")
-            item.add_marker("model")
         if fixtures & {"qwen", "qwen_judge"}:
             if not item.name.startswith("test_qwen"):
                 raise pytest.UsageError(f"{item.nodeid} loads Qwen: name it test_qwen_* (its worker group)")

@@ -9,6 +9,7 @@ import time
 import fairkv.studies
 from fairkv import cli
 from fairkv.core import progress
+from fairkv.report.notebooks import numbered
 
 
 def test_bar_reports_done_total_and_eta(tmp_path, monkeypatch):
@@ -80,7 +81,7 @@ def test_describe_and_duration():
 
 
 def test_reproduce_says_how_long_before_it_starts():
-    notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = numbered()
     _, minutes = fairkv.studies.expected_minutes("cpu", [nb.name[:2] for nb in notebooks])
     assert cli.expected_time("cpu", notebooks).startswith(
         f"estimated on a 2-core machine for the cpu profile: about {sum(minutes.values())} min"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import fairkv.studies
-from fairkv import cli
 from fairkv.core import data, metrics, progress, prompts
 from fairkv.report import readme
+from fairkv.report.notebooks import numbered
 from fairkv.runs import tolerance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ class Quote:
 
 def _estimate_from_empty_store() -> str:
     """What ``fairkv reproduce`` announces for the cpu profile from an empty store, as the README writes it."""
-    _, minutes = fairkv.studies.expected_minutes("cpu", [nb.name[:2] for nb in cli.NOTEBOOKS.glob("[0-9][0-9]_*")])
+    _, minutes = fairkv.studies.expected_minutes("cpu", [nb.name[:2] for nb in numbered()])
     return progress.duration(60 * round(sum(minutes.values())))
 
 

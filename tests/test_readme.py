@@ -308,7 +308,7 @@ def test_every_page_counts_the_same():
     counted = {path.name[:2] for path in (CPU / "tables").glob("*_paper_vs_us.csv")}  # not 08's synthetic run
     outputs = [
         "".join(out.get("data", {}).get("text/markdown", ""))
-        for notebook in sorted((ROOT / "reports" / "cpu").glob("*.ipynb"))
+        for notebook in sorted((ROOT / "notebooks").glob("*.ipynb"))
         if notebook.name[:2] in counted
         for cell in json.loads(notebook.read_text())["cells"]
         for out in cell.get("outputs", [])

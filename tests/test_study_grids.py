@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 import fairkv.studies
-from fairkv import cli
 from fairkv.core import data
 from fairkv.core.paths import results_dir
+from fairkv.report.notebooks import numbered
 from fairkv.runs import experiment, redecode, studies
 from fairkv.runs.studies import PROFILES, TEN_RATIOS, Fields, Scale, Study, StudyError
 from fairkv.studies import atlas, fair, judge, leakage, runtime, study, sweeps, trec
@@ -231,7 +231,7 @@ def test_every_study_lives_in_its_notebooks_module_and_every_notebook_is_timed()
     """Each study is declared in the module of ``fairkv.studies`` its notebook imports (the one that declares its
     claims and reads its rows with ``paper_vs_us``), names unique; the cli's time of every notebook comes from the
     modules' ``MINUTES``; each figure and table a notebook writes is declared by exactly one of its studies."""
-    notebooks = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = numbered()
     for name, chosen in fairkv.studies.every().items():
         module = fairkv.studies.module(chosen.notebook)
         assert module.CLAIMS and chosen in module.STUDIES, name

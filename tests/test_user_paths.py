@@ -13,10 +13,11 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from fairkv import cli
 from fairkv.core import data
+from fairkv.report.notebooks import numbered
 from fairkv.runs import experiment
 from fairkv.studies import leakage, trec
 
-NOTEBOOKS = sorted(cli.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = numbered()
 
 
 @pytest.fixture(scope="module")

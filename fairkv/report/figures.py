@@ -7,7 +7,7 @@ Plot functions read and write no files; every figure names the model and the sam
 
 from __future__ import annotations
 
-import os
+import io
 import textwrap
 from pathlib import Path
 
@@ -32,6 +32,10 @@ POLICY_COLOURS = {
     "K-Norm": "#000000",
 }
 VARIANT_COLOURS = {"base": "#7F7F7F", "whitelist": "#E69F00", "fair": "#009E73", "fair+whitelist": "#F0E442"}
+# what the shaded bands of a line figure drawn by seaborn are (its title says so)
+BOOTSTRAP_BANDS = "bands: 95% bootstrap intervals over prompts"
+# the resolution of a figure shown in a notebook (the PNG file of record is written at 150 dpi)
+INLINE_DPI = 80
 
 
 def suptitle(fig: plt.Figure, title: str) -> None:
@@ -106,18 +110,18 @@ def plotted(fig: plt.Figure) -> str:
 
 
 def publish(fig: plt.Figure, name: str, folder: Path):
-    """Save the figure (PNG and PDF), close it, and return a Markdown link to the PNG for the notebook to show, with
-    what it plots (``plotted``).
+    """Save the figure (PNG and PDF, the files of record), show it inline (a PNG at ``INLINE_DPI``, so a notebook
+    carries every figure it makes and stays small), close it, and return what it plots (``plotted``) as Markdown: the
+    line nbval compares, as an image's bytes vary with the machine and are never compared."""
+    from IPython.display import Image, Markdown, display
 
-    The notebook keeps a link, not the image, so stored outputs stay small and the PNG in ``folder`` is the one
-    figure of record. The link is relative to the working directory (notebooks/ and reports/ are siblings).
-    """
-    from IPython.display import Markdown
-
-    png = save(fig, name, folder)[0]
+    save(fig, name, folder)
+    inline = io.BytesIO()
+    fig.savefig(inline, format="png", bbox_inches="tight", dpi=INLINE_DPI)
     summary = plotted(fig)
     plt.close(fig)
-    return Markdown(f"![{name}]({os.path.relpath(png)})\n\n{summary}")
+    display(Image(data=inline.getvalue(), format="png"))
+    return Markdown(f"{name}: {summary}")
 
 
 def save_table(table: pd.DataFrame, name: str, folder: Path | None = None, digits: int = 4) -> list[Path]:
@@ -221,7 +225,7 @@ def policy_curves(rows: pd.DataFrame, columns: dict[str, str], title: str, hue: 
         ax.set_xlabel("compression ratio r")
     if axes[-1].get_legend() is not None:
         sns.move_legend(axes[-1], "upper left", bbox_to_anchor=(1, 1))
-    suptitle(fig, title)
+    suptitle(fig, f"{title}; {BOOTSTRAP_BANDS}")
     fig.tight_layout()
     return fig
 
@@ -273,7 +277,7 @@ def rho_figure(rhos: pd.DataFrame, title: str, hue: str = "prompts") -> plt.Figu
     ax.set_xlabel("compression ratio r")
     ax.set_ylabel("Spearman rho vs r = 0")
     ax.set_ylim(-1.05, 1.05)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(f"{title}; {BOOTSTRAP_BANDS}" if {"low", "high"} <= set(rhos.columns) else title, fontsize=9)
     return fig
 
 
@@ -392,7 +396,7 @@ def variant_figure(
     every_ratio(grid, long["ratio"])
     for row, (axes, column) in enumerate(zip(grid.axes, present)):
         _label_row(axes, long[long["metric"] == columns[column]], columns[column], ylim, first=row == 0)
-    suptitle(grid.figure, title)
+    suptitle(grid.figure, f"{title}; {BOOTSTRAP_BANDS}")
     return grid.figure
 
 

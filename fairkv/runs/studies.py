@@ -96,7 +96,7 @@ def profile(name: str, **overrides) -> experiment.Grid:
 CPU_MITIGATION_RATIOS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7)
 CI_MITIGATION_RATIOS = (0.0, 0.4, 0.5, 0.6, 0.7)
 # ci checks the pipeline, not the science (pytest checks SmolLM2's keep rates and Qwen's refusals): the decoding
-# studies on 2 prompts, the fewest that give a claim its interval, so that nbval re-executes every notebook in minutes
+# studies on 2 prompts, the fewest that give a claim its interval, so that any notebook computes in minutes
 CI_PROMPTS = 2
 # Figs 2-3 (notebooks 01-02) read accuracy only: at the cpu profile on the attack side's 100 prompts and 512 new
 # tokens, not the benign side's 50 and 256 (issue 37: the engine's gain spent on the claims undecided for want of

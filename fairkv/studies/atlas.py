@@ -350,7 +350,7 @@ def atlas_figure(table: pd.DataFrame, title: str) -> plt.Figure:
     ]
     handles.append(plt.Line2D([], [], marker="o", linestyle="", color="#7F7F7F", label="other kvpress presses"))
     axes[0].legend(handles=handles, title="the paper's five", loc="lower left", fontsize=8, title_fontsize=8)
-    suptitle(fig, title)
+    suptitle(fig, f"{title}; bars: 95% bootstrap intervals over prompts")
     fig.tight_layout()
     return fig
 

@@ -211,5 +211,5 @@ def class_accuracy_figure(accuracy: pd.DataFrame, title: str) -> plt.Figure:
                     va="bottom",
                 )
     grid.legend.set_title("class (n instructions: single / multi)")
-    suptitle(grid.figure, title)
+    suptitle(grid.figure, f"{title}; bands: 95% Wilson intervals of the raw accuracy")
     return grid.figure

@@ -15,7 +15,7 @@ import seaborn as sns
 
 from fairkv.report import verdicts
 from fairkv.report.claims import FINDING, SANITY, SECOND_MODEL, Claim, Measured, Number, Part
-from fairkv.report.figures import label_policies, span_keep_rates, suptitle
+from fairkv.report.figures import BOOTSTRAP_BANDS, label_policies, span_keep_rates, suptitle
 from fairkv.report.coverage import Item
 from fairkv.runs.studies import BASE, BOTH_ORDERS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
@@ -247,5 +247,5 @@ def keep_rate_figure(rows: pd.DataFrame, title: str) -> plt.Figure:
     )
     grid.set_axis_labels("compression ratio r", "keep rate")
     grid.set_titles("{col_name}, {row_name} order")
-    suptitle(grid.figure, title)
+    suptitle(grid.figure, f"{title}; {BOOTSTRAP_BANDS}")
     return grid.figure

@@ -9,7 +9,7 @@ import pandas as pd
 import seaborn as sns
 
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Part
-from fairkv.report.figures import in_order, palette, suptitle
+from fairkv.report.figures import BOOTSTRAP_BANDS, in_order, palette, suptitle
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import CI_PROMPTS, NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
@@ -150,7 +150,7 @@ def span_figure(spans: pd.DataFrame, title: str) -> plt.Figure:
     grid.set_axis_labels("compression ratio r", "")
     grid.set_titles("{col_name}:\n{row_name}", size=8)
     grid.set(ylim=(-0.05, 1.05))
-    suptitle(grid.figure, title)
+    suptitle(grid.figure, f"{title}; {BOOTSTRAP_BANDS}")
     return grid.figure
 
 

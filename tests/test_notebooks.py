@@ -1,0 +1,87 @@
+"""The numbered notebooks as committed are the cpu reproduction (``fairkv.report.notebooks``): executed at their
+defaults, every figure inline under the cell that makes it, no run metadata, no second copy; a run at their defaults
+writes back in place, a run at other parameters under ``reports/<profile>/``; nbval's check fails on a changed output.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import nbformat
+import pytest
+
+from fairkv import cli
+from fairkv.core.paths import REPO_ROOT
+from fairkv.report import notebooks
+from fairkv.runs.store import ResultsStore
+
+# a notebook with its figures inline (at figures.INLINE_DPI) still opens on the repository's page and in JupyterLab
+# in a second or two
+NOTEBOOK_MAX_BYTES = 1536 * 1024
+
+
+def _code(path):
+    return [cell for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", notebooks.numbered(), ids=lambda path: path.name[:2])
+def test_a_committed_notebook_is_the_cpu_reproduction_with_its_figures_inline(path):
+    nb = nbformat.read(path, as_version=4)
+    (parameters,) = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert parameters.source.startswith('profile = "cpu"'), "the default is the README's reproduction"
+    code = _code(path)
+    assert all(cell.execution_count for cell in code), "executed, every code cell"
+    assert not [out for cell in code for out in cell.outputs if out.output_type == "error"]
+    for cell in code:
+        shown = sum("image/png" in out.get("data", {}) for out in cell.outputs)
+        assert shown == cell.source.count("figures.publish("), f"a figure not inline under its cell:\n{cell.source}"
+    assert not [key for holder in [nb, *nb.cells] for key in notebooks.RUN_METADATA if key in holder.metadata]
+    assert path.stat().st_size <= NOTEBOOK_MAX_BYTES
+
+
+def test_no_second_copy_of_the_rendered_notebooks_is_committed():
+    tracked = subprocess.run(["git", "ls-files", "reports"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert tracked.stdout == ""
+
+
+def _notebook(path, printed: str, stored: str, metadata: dict | None = None) -> None:
+    cell = nbformat.v4.new_code_cell(f"print({printed!r})", execution_count=1, metadata=metadata or {})
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=stored + "\n")]
+    nb = nbformat.v4.new_notebook(cells=[cell], metadata=dict(metadata or {}))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_settling_an_executed_notebook_strips_its_run_metadata_and_keeps_its_outputs(tmp_path):
+    run = {"papermill": {"duration": 1.5, "start_time": "2026-12-06"}, "execution": {"iopub.status.busy": "..."}}
+    _notebook(tmp_path / "executed.ipynb", "kept", "kept", {**run, "tags": ["nbval-ignore-output"]})
+    notebooks.settle(tmp_path / "executed.ipynb", tmp_path / "committed.ipynb")
+    nb = nbformat.read(tmp_path / "committed.ipynb", as_version=4)
+    assert "papermill" not in nb.metadata and set(nb.cells[0].metadata) == {"tags"}
+    assert nb.cells[0].outputs[0].text == "kept\n"
+
+
+@pytest.mark.slow
+def test_nbval_check_passes_a_reproduced_output_and_fails_a_changed_one(tmp_path):
+    _notebook(tmp_path / "same.ipynb", "2 claims hold", "2 claims hold")
+    _notebook(tmp_path / "changed.ipynb", "2 claims hold", "3 claims hold")
+    assert notebooks.check(tmp_path / "same.ipynb") == 0
+    assert notebooks.check(tmp_path / "changed.ipynb") != 0
+
+
+@pytest.mark.slow
+def test_a_notebook_computes_at_the_ci_profile_from_an_empty_store_through_papermill(tmp_path, monkeypatch):
+    """The compute path end to end: notebook 04 at the ci profile (SmolLM2, keep rates only) from an empty results
+    store, executed by papermill, its copy under reports/ci/, never over the committed notebook."""
+    monkeypatch.setenv("FAIRKV_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("FAIRKV_REPORTS_DIR", str(tmp_path / "reports"))
+    committed = notebooks.numbered(["04"])[0]
+    before = committed.read_bytes()
+    (written,) = cli.reproduce(["04"], {"profile": "ci", "output": str(tmp_path / "figures")})
+    assert written == str(tmp_path / "reports" / "ci" / committed.name)
+    assert committed.read_bytes() == before
+    (store,) = (tmp_path / "results" / "ci").glob("*.jsonl")
+    assert ResultsStore(store).rows(), "rows computed into the empty store"
+    code = _code(written)
+    assert sum("image/png" in out.get("data", {}) for cell in code for out in cell.outputs) == 2
+    assert any("**What we see**" in out.get("data", {}).get("text/markdown", "") for out in code[-1].outputs)
