@@ -38,6 +38,14 @@ def old_rule(spec: audit.Spec, row: pd.Series) -> bool:
     return outcomes.recites(outcomes.word_list(response), spans, refusal=True)
 
 
+def unredacted(text: str, spec: audit.Spec) -> str:
+    """The report's ``text`` with each declared secret back in place of its ``[secret <name>]`` (the reports redact
+    secrets; both rules read the answer as the model wrote it, so a secret written is caught by each)."""
+    for name, secret in spec.secrets.items():
+        text = text.replace(f"[secret {name}]", secret)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt")
@@ -50,7 +58,9 @@ def main() -> None:
     rows = pd.DataFrame(report["rows"])
     with open(args.prompt, encoding="utf-8") as file:
         spec = audit.parse(file.read(), report["queries"], report["defense"], secrets)
-    attacks = rows[rows["query"] == "attack"]
+    attacks = rows[rows["query"] == "attack"].assign(
+        response=lambda frame: frame["response"].map(lambda t: unredacted(t, spec))
+    )
     # the r = 0 answers are one cache's, listed under every policy and variant: each counted once, as the audit does
     uncompressed = attacks["ratio"] == 0
     attacks = pd.concat([attacks[~uncompressed], attacks[uncompressed].drop_duplicates("text")], ignore_index=True)
