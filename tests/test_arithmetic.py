@@ -3,10 +3,12 @@ setting that chooses emulated bfloat16, the emulation's products, and the stamp 
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fairkv import studies
 from fairkv.core import arithmetic, models
 from fairkv.runs import experiment
 
@@ -85,3 +87,14 @@ def test_smollm_in_emulated_bfloat16_keeps_what_native_bfloat16_keeps_within_the
     assert set(rows["native"][arithmetic.FIELD]) == {f"cpu bfloat16 {arithmetic.cpu_family()}"}
     for cell, native in rows["native"].iterrows():
         assert tolerance.keep_moved(native.to_dict(), rows["emulated"].loc[cell].to_dict()) <= tolerance.KEEP_BOUND
+
+
+def test_a_claims_table_names_the_arithmetic_of_the_rows_it_read():
+    """``studies.paths``: every path among the frames a study measures, once each, rows stored before the field as
+    such, the judge's scores beside the rows they judge by name; a frame without the field (timings, a derived table)
+    adds nothing."""
+    native = pd.DataFrame({arithmetic.FIELD: ["cpu bfloat16 avx512_bf16"] * 2})
+    mixed = pd.DataFrame({arithmetic.FIELD: ["cpu bfloat16 emulated", None]})
+    judged = native.assign(judge_arithmetic="cpu bfloat16 amx")
+    said = studies.paths([native, mixed, judged, pd.DataFrame({"ratio": [0.5]}), ["not a frame"]])
+    assert said == f"cpu bfloat16 avx512_bf16; cpu bfloat16 emulated; judge: cpu bfloat16 amx; {studies.NOT_RECORDED}"

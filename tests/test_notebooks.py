@@ -27,6 +27,11 @@ def _code(path):
 @pytest.mark.parametrize("path", notebooks.numbered(), ids=lambda path: path.name[:2])
 def test_a_committed_notebook_is_the_cpu_reproduction_with_its_figures_inline(path):
     nb = nbformat.read(path, as_version=4)
+    opening = nb.cells[0].source
+    assert (
+        opening.startswith(f"# {path.name[:2]} ")
+        and "**Runs:** at its defaults (the cpu profile) Qwen2.5-Coder-1.5B" in opening
+    )
     (parameters,) = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
     assert parameters.source.startswith('profile = "cpu"'), "the default is the README's reproduction"
     code = _code(path)

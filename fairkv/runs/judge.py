@@ -34,7 +34,7 @@ from typing import Iterator
 import pandas as pd
 import torch
 
-from fairkv.core import data, models, prompts
+from fairkv.core import arithmetic, data, models, prompts
 from fairkv.core.paths import results_dir
 from fairkv.core.progress import Bar
 from fairkv.runs import fingerprint, runner
@@ -342,6 +342,7 @@ class Job:
 
 
 COLUMNS = ["judge_score", "judge_expected", "judge_leak", "judge_mass"]
+ARITHMETIC = f"judge_{arithmetic.FIELD}"  # the arithmetic the judge scored with, beside the judged row's own
 
 
 def store_path(name: str, folder: Path | None = None) -> Path:
@@ -391,4 +392,5 @@ def judge_rows(rows: pd.DataFrame, name: str, dtype: str, folder: Path | None = 
     responses = {r.cell_id: (text[(r.dataset, r.key)], r.response) for r in unique.itertuples()}
     done = judged(responses, name, dtype, folder, **judging)
     scores = pd.DataFrame([{k: done[c][k] for k in COLUMNS} for c in attack["cell_id"]], index=attack.index)
+    scores[ARITHMETIC] = [done[c].get(arithmetic.FIELD) for c in attack["cell_id"]]
     return attack.join(scores)

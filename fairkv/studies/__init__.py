@@ -3,7 +3,8 @@ at each profile), its minutes (``MINUTES``), the claims it tests, declared once 
 (``fairkv.report.claims.Claim``), and how it measures them from its rows (``measure``). ``MODULES`` is the index
 (notebook -> module): adding a study touches its module, its notebook and, for a new notebook, one line of it.
 
-``paper_vs_us`` turns a study's measurements into its table, one line per claim; ``family`` counts the claims every
+``paper_vs_us`` turns a study's measurements into its table, one line per claim (with the arithmetic its rows were
+computed with, ``paths``); ``family`` counts the claims every
 study declares (the Bonferroni family); ``thresholds`` states each claim's own bounds and margins with their reasons
 (SUMMARY's preamble); ``every`` / ``study`` / ``sweeps`` the studies by name, ``expected_minutes`` what ``fairkv
 reproduce`` announces, ``figure_models`` the model each figure is on, ``catalogue`` the paper's items each module
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fairkv.core import arithmetic
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
 from fairkv.report import claims, coverage, mitigations, summary
 from fairkv.report.noise import Noise
@@ -25,6 +27,10 @@ from fairkv.runs import redecode
 from fairkv.runs import studies as machinery
 from fairkv.runs.fingerprint import code_fingerprint
 
+# a table's column, on each claim's line: the arithmetic of the rows the study read (``fairkv.core.arithmetic``), each
+# path once; a row stored before rows recorded it says so
+ARITHMETIC = arithmetic.FIELD
+NOT_RECORDED = "not recorded"
 AGAIN = "decoded_again"  # a redecoded table's column: how many of a claim's cells were read decoded again
 SENSITIVE = "sensitive to decoding noise"
 REDONE = "decoded again ("  # how the noise column opens what a claim's cells decoded again gave
@@ -160,7 +166,19 @@ def paper_vs_us(study, *inputs, profile: str | None = None, **options) -> pd.Dat
     table = claims.table(
         [claims.line(claim, measured[claim.id], size, noise) for claim in study.CLAIMS if claim.id in measured]
     )
+    table[ARITHMETIC] = (table["part"] == "").map({True: paths(inputs), False: ""})
     return table if noise is None else _decoded_again(study, table, profile)
+
+
+def paths(inputs) -> str:
+    """The arithmetic paths of the rows in ``inputs`` (the frames a study measures that carry them), each once; a
+    column ``<what>_arithmetic`` (the judge's scores beside the rows they judge) says ``<what>: <path>``."""
+    labels = set()
+    for frame in [frame for frame in inputs if isinstance(frame, pd.DataFrame)]:
+        for column in [c for c in frame.columns if c == ARITHMETIC or str(c).endswith(f"_{ARITHMETIC}")]:
+            said = "" if column == ARITHMETIC else column.removesuffix(f"_{ARITHMETIC}") + ": "
+            labels |= {said + label for label in frame[column].fillna(NOT_RECORDED)}
+    return "; ".join(sorted(labels))
 
 
 def redecoded_table(notebook: str, profile: str) -> Path:
