@@ -18,6 +18,7 @@ computed with (``fairkv verify``): otherwise a difference mixes kernels and batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -35,7 +36,8 @@ class RedecodeError(ValueError):
 class Cells:
     """Cells of a study (a ``fairkv.runs.studies.Study``) a claim reads: ``policies``, ``variants`` and ``orders``
     replace the study's (an empty tuple keeps them); ``ratios`` and ``queries`` keep those of the study's parts that
-    the part has; ``datasets`` runs the study once per dataset (the spans studies)."""
+    the part has; ``datasets`` runs the study once per dataset (the spans studies); ``run_queries``, for a study whose
+    notebook passes its queries (the attack categories), gives them (read when the cells are, never at import)."""
 
     study: studies.Study
     policies: tuple[str, ...] = ()
@@ -44,11 +46,15 @@ class Cells:
     ratios: tuple[float, ...] = ()
     queries: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
+    run_queries: Callable[[], tuple[str, ...]] | None = None
 
     def __str__(self) -> str:
         said = [
-            f"{f.name} {', '.join(map(str, getattr(self, f.name)))}" for f in fields(self)[1:] if getattr(self, f.name)
+            f"{f.name} {', '.join(map(str, getattr(self, f.name)))}"
+            for f in fields(self)[1:]
+            if getattr(self, f.name) and f.name != "run_queries"
         ]
+        said += [f"queries run: {len(self.run_queries())}"] if self.run_queries else []
         return self.study.name + (f" ({'; '.join(said)})" if said else "")
 
 
@@ -62,7 +68,10 @@ def grids(cells: Cells, profile: str) -> list[experiment.Grid]:
     replaced = {name: getattr(cells, name) for name in ("policies", "variants", "orders") if getattr(cells, name)}
     out = []
     for dataset in cells.datasets or (None,):
-        for part in cells.study.parts(profile, **({"dataset": dataset} if dataset else {})):
+        run = ({"dataset": dataset} if dataset else {}) | (
+            {"queries": cells.run_queries()} if cells.run_queries else {}
+        )
+        for part in cells.study.parts(profile, **run):
             kept = {
                 name: tuple(v for v in getattr(part, name) if v in getattr(cells, name))
                 for name in ("ratios", "queries")

@@ -8,14 +8,17 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from fairkv.core import data
 from fairkv.report import analysis, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Part
+from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 
 # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries): at the cpu
 # profile StreamingLLM on 10 prompts per category; at ci short answers, as the study's cost is its 30 attacks over every
 # cache, read in batches padded to their longest attack (one has 412 tokens), so 8 at a time
+PER_CATEGORY = 1  # RaccoonBench attacks per (suite, category): the notebook's default (attacks_per_category)
 ATTACKS = Study(
     "attacks",
     "11",
@@ -80,6 +83,11 @@ FAIR_LOWERS = Claim(
     null=reading.LEAK_NULL,
     status=OURS,
     score="leak_directive",
+    # within decoding noise at the cpu profile: its cells, the attack categories the notebook runs by default
+    # (attacks_per_category = 1), base and fair at r = 0.5, decoded again (fairkv redecode beyond.fair_lowers)
+    cells=(
+        Cells(ATTACKS, variants=("base", "fair"), ratios=(0.5,), run_queries=lambda: data.attack_queries(PER_CATEGORY)),
+    ),
 )
 WHITELIST_KEEPS_REFUSAL = Claim(
     "beyond.whitelist_keeps_refusal",
