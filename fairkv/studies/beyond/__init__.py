@@ -37,8 +37,10 @@ from fairkv.studies.beyond.spans import COMPLIANCE_RAISED, SMALLEST_SPAN_KEPT, S
 STUDIES = (SPANS, ATTACKS, DEFENSES, GEOMETRY)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 18, then 20 for the geometry study's two moved
 # places (1,300 attack answers and their operative keep rates each: 27 min for one beside other runs on 12-04, about
-# 10 alone at the 2.8 answers a second measured alone)
-MINUTES = {"ci": 3.0, "cpu": 38}
+# 10 alone at the 2.8 answers a second measured alone), then 50 for the rows the intended counts added on 12-06 (the
+# attack categories on 10 prompts, 30 prompts per span count, the geometry at r = 0.3-0.4: 2,871 answers and 1,600
+# operative keep rates on a CPU with AVX512-BF16, beside a notebook render for a fifth of it)
+MINUTES = {"ci": 3.0, "cpu": 88}
 CLAIMS = spans.CLAIMS + attacks.CLAIMS + defenses.CLAIMS + geometry.CLAIMS
 
 
