@@ -78,7 +78,7 @@ def output_dir(profile: str, output: str | Path | None = None) -> Path:
 
 def plotted(fig: plt.Figure) -> str:
     """What a figure plots, in one line: its lines, scatter points, image cells and bars (where it has any), and the
-    mean of their values (y for lines and points, heights for bars). A notebook shows it under the figure's link, so nbval compares every figure's data."""
+    mean of their values (y for lines and points, heights for bars). A notebook shows it under the figure, so nbval compares every figure's data."""
     values, counts = [], {"lines": 0, "points": 0, "image cells": 0}
     for ax in fig.axes:
         for line in ax.lines:
