@@ -62,7 +62,7 @@ def _refusal_against_the_template() -> str:
     return f"{metrics.leakage(templates['standard_defense'], prompts.SCRIPTED_REPLY):.2f}"
 
 
-CI_RUN, ESTIMATE = RESULTS / "ci_run_avx2.txt", RESULTS / "scaleout_estimate_paper.txt"  # the latest CI run measured
+CI_RUN, ESTIMATE = RESULTS / "ci_run_avx512_bf16.txt", RESULTS / "scaleout_estimate_paper.txt"  # the latest CI run measured
 QUOTES = (
     Quote(
         "README.md",
@@ -71,6 +71,7 @@ QUOTES = (
         r"make reproduce FROZEN=1 took (\d+ min \d+ s)",
     ),
     Quote("README.md", r"`make test` (\d+ min \d+ s)", CI_RUN, r"make test took (\d+ min \d+ s)"),
+    Quote("README.md", r"On a 2-core CPU with ([\w-]+), a fresh clone", CI_RUN, r"CPU with ([\w-]+)"),
     Quote("README.md", r"from an empty results store about (\d+ h \d+ min)", value=_estimate_from_empty_store),
     Quote("docs/gpu.md", r"([\d,]+) distinct cells", ESTIMATE, r"([\d,]+) distinct cells"),
     Quote("docs/gpu.md", r"at most ([\d,]+) generated tokens", ESTIMATE, r"at most ([\d,]+) generated tokens"),
