@@ -62,7 +62,10 @@ def _refusal_against_the_template() -> str:
     return f"{metrics.leakage(templates['standard_defense'], prompts.SCRIPTED_REPLY):.2f}"
 
 
-CI_RUN, ESTIMATE = RESULTS / "ci_run_avx512_bf16.txt", RESULTS / "scaleout_estimate_paper.txt"  # the latest CI run measured
+CI_RUN, ESTIMATE = (
+    RESULTS / "ci_run_avx512_bf16.txt",
+    RESULTS / "scaleout_estimate_paper.txt",
+)  # the latest CI run measured
 QUOTES = (
     Quote(
         "README.md",
