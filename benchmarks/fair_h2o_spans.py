@@ -24,7 +24,7 @@ import torch
 from kvpress import ObservedAttentionPress
 
 from fairkv.core import data, generation, metrics, models, prompts, score_once
-from fairkv.core.presses import scoring
+from fairkv.core.presses import rates, scoring
 from fairkv.report import verdicts
 
 AUTHORS = "authors'"
@@ -91,7 +91,7 @@ def measure(model: str, dtype: str, n: int, ratios: tuple[float, ...], max_new_t
                 for scorer, prefilled in (("ours", ours), (AUTHORS, theirs))
             }
             for scorer, cut in cuts.items():
-                keep = metrics.keep_rates(cut.kept, prompt.spans, prompt.n_tokens)
+                keep = rates.keep_rates(cut.kept, prompt.spans, prompt.n_tokens)
                 rows.append(
                     {
                         "key": record.key,

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from fairkv.core import data, generation, metrics, models, prompts, score_once
-from fairkv.core.presses import POLICIES
+from fairkv.core import data, generation, models, prompts, score_once
+from fairkv.core.presses import POLICIES, rates
 from fairkv.runs import experiment
 
 
@@ -88,8 +88,8 @@ def keep_rate_sweep(lm, prompt, ratios):
     cut = {(p, r): score_once.cut(prefilled, p, r).kept for p in POLICIES for r in ratios}
     cut_s = time.perf_counter() - start
     identical = all(torch.equal(cut[k][layer], pressed[k][layer]) for k in pressed for layer in pressed[k])
-    rates = {k: metrics.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}
-    return press_s, cut_s, identical, rates
+    keep = {k: rates.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}
+    return press_s, cut_s, identical, keep
 
 
 def main() -> None:

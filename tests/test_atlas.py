@@ -8,8 +8,8 @@ from hand_rows import answer
 from kvpress import BasePress
 
 from fairkv import studies
-from fairkv.core import data, metrics, prompts, score_once
-from fairkv.core.presses import kept, registry
+from fairkv.core import data, prompts, score_once
+from fairkv.core.presses import kept, rates, registry
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE
@@ -78,7 +78,7 @@ def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_pr
             alone = _Alone(entry, ratio)
             with alone(smollm.model):
                 smollm.model.model(input_ids=normal_prompt.ids)
-            assert together[(entry.label, ratio)] == (atlas.span_rates(alone.masks, normal_prompt.spans), None), (
+            assert together[(entry.label, ratio)] == (rates.span_rates(alone.masks, normal_prompt.spans), None), (
                 entry.label,
                 ratio,
             )
@@ -88,13 +88,13 @@ def test_one_prefill_for_every_press_equals_running_each_press(smollm, normal_pr
 
 def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
     entries = [e for e in registry.runnable() if e.paper]
-    rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
+    atlas_rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
     policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
     prefilled = score_once.prefill(smollm, normal_prompt, policies)
     for entry, policy in zip(entries, policies):
         cut = score_once.cut(prefilled, policy, 0.5)
-        expected = metrics.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
-        assert rates[(entry.label, 0.5)][0] == pytest.approx(expected, abs=1e-6), entry.label
+        expected = rates.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
+        assert atlas_rates[(entry.label, 0.5)][0] == pytest.approx(expected, abs=1e-6), entry.label
 
 
 def test_run_stores_rows_resumes_and_refuses_other_code(smollm, tmp_path, monkeypatch):

@@ -7,8 +7,8 @@ import torch
 from kvpress import BasePress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from fairkv.core import metrics, prompts, score_once
-from fairkv.core.presses import registry
+from fairkv.core import prompts, score_once
+from fairkv.core.presses import rates, registry
 from fairkv.core.presses.registry import PER_SETTING, SCORE_ONCE, runnable
 from fairkv.core.presses.scoring import LOCAL_SCORERS, ranking_scores, shift_keys, span_as_prompt, span_local_scores
 from fairkv.runs import experiment, fingerprint, studies
@@ -126,8 +126,8 @@ def test_the_catalogue_scorers_take_the_variants_in_the_engine(smollm, normal_pr
     prefilled = score_once.prefill(smollm, normal_prompt, tuple(SCORERS))
     n = normal_prompt.n_tokens
     for policy in SCORERS:
-        base = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
-        fair = metrics.keep_rates(score_once.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
+        base = rates.keep_rates(score_once.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
+        fair = rates.keep_rates(score_once.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
         for span in normal_prompt.spans:
             assert abs(fair[span.name] - 0.5) <= 1.5 / len(span), (policy, span.name, fair)
         assert abs(base["defense"] - base["directive"]) >= abs(fair["defense"] - fair["directive"]), policy

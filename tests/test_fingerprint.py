@@ -87,7 +87,7 @@ def test_code_no_row_reaches_keeps_it(package):
     edit(package / "runs" / "studies.py", 'f"unknown profile {name!r}', 'f"no profile {name!r}')
     assert prints() == before
     edit(
-        package / "runs" / "atlas.py",
+        package / "core" / "presses" / "rates.py",
         "def span_rates(masks: list[torch.Tensor], spans)",
         "def span_rates(masks: list, spans)",
     )

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fairkv.core import data, metrics
+from fairkv.core.presses import rates
 from fairkv.core.prompts import Span
 
 # Four records written for these tests in sys_ifeval's format (not taken from IFEval), each with instruction ids and
@@ -97,5 +98,5 @@ def test_keep_rates_hand_worked():
     """
     kept = {0: torch.tensor([[[0, 2], [2, 3]]]), 1: torch.tensor([[[0, 1], [0, 1]]])}
     spans = [Span("A", 0, 2, ""), Span("B", 2, 4, "")]
-    assert metrics.keep_rates(kept, spans, 4) == {"A": 0.625, "B": 0.375}
-    assert metrics.keep_map(kept, 4).tolist() == [0.75, 0.5, 0.5, 0.25]
+    assert rates.keep_rates(kept, spans, 4) == {"A": 0.625, "B": 0.375}
+    assert rates.keep_map(kept, 4).tolist() == [0.75, 0.5, 0.5, 0.25]

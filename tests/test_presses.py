@@ -7,8 +7,8 @@ import torch
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
-from fairkv.core import generation, metrics, prompts
-from fairkv.core.presses import POLICIES, PolicyError, RecordingPress, make_press
+from fairkv.core import generation, prompts
+from fairkv.core.presses import POLICIES, PolicyError, RecordingPress, make_press, rates
 from fairkv.core.prompts import PromptError
 
 RATIOS = [0.25, 0.5, 0.75]
@@ -42,8 +42,8 @@ def test_recording_press_matches_kvpress(smollm, normal_prompt, policy, ratio):
 def test_ratio_zero_keeps_everything_and_answers_like_no_press(smollm, records, normal_prompt, policy):
     plain = generation.compress(smollm, normal_prompt, None)
     pressed = generation.compress(smollm, normal_prompt, policy, 0.0)
-    rates = metrics.keep_rates(pressed.kept, normal_prompt.spans, normal_prompt.n_tokens)
-    assert rates == {"defense": 1.0, "directive": 1.0}
+    kept = rates.keep_rates(pressed.kept, normal_prompt.spans, normal_prompt.n_tokens)
+    assert kept == {"defense": 1.0, "directive": 1.0}
     query = normal_prompt.query_ids(records[0].user)
     assert generation.answer(smollm, pressed, query, 12).text == generation.answer(smollm, plain, query, 12).text
 
@@ -61,13 +61,13 @@ def test_uncompressed_answer_equals_transformers_generate(smollm, records, norma
 def test_streamingllm_evicts_the_earlier_span(smollm, records, templates):
     """Fig 7: at r = 0.5 StreamingLLM keeps more of the later span; flipping the order flips the bias."""
     for record in records[:5]:
-        rates = {}
+        kept = {}
         for order in ("normal", "flipped"):
             prompt = prompts.paper_prompt(smollm.tokenizer, record, templates, order=order)
             compressed = generation.compress(smollm, prompt, "streamingllm", 0.5)
-            rates[order] = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)
-        assert rates["normal"]["directive"] > rates["normal"]["defense"]
-        assert rates["flipped"]["defense"] > rates["flipped"]["directive"]
+            kept[order] = rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)
+        assert kept["normal"]["directive"] > kept["normal"]["defense"]
+        assert kept["flipped"]["defense"] > kept["flipped"]["directive"]
 
 
 def test_policy_errors(smollm):

@@ -16,7 +16,7 @@ from fairkv.audit.report import Audit
 from fairkv.audit.spans import MIN_CONTENT, AuditError, Spec, gives_reply, judged, secret_pattern, span_recall
 from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.data import Record
-from fairkv.core.presses import MITIGATIONS, check_ratio, get_policy
+from fairkv.core.presses import MITIGATIONS, check_ratio, get_policy, rates
 from fairkv.core.presses.selection import WhitelistError
 from fairkv.report import outcomes
 
@@ -185,7 +185,7 @@ def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> 
     caches, skipped = [], []
     if 0.0 in ratios:  # r = 0 keeps everything: one cache for every policy and variant
         uncompressed = score_once.cut(prefilled, None, 0.0, "base")
-        keep = metrics.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
+        keep = rates.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
         caches.append(("none", "base", 0.0, uncompressed, {f"keep_{k}": v for k, v in keep.items()}))
     for policy, variant, ratio in product(policies, variants, [r for r in ratios if r > 0]):
         try:
@@ -194,7 +194,7 @@ def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> 
             notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
             skipped.append({"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"})
             continue
-        keep = metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
+        keep = rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
         caches.append((policy, variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
     return caches, skipped
 

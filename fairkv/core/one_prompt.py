@@ -22,7 +22,7 @@ from fairkv.core import metrics, score_once
 from fairkv.core.data import Record
 from fairkv.core.generation import Answer, Compressed, answer_batch
 from fairkv.core.models import LoadedModel
-from fairkv.core.presses import check_ratio, get_policy
+from fairkv.core.presses import check_ratio, get_policy, rates
 from fairkv.core.progress import Bar
 from fairkv.core.prompts import Prompt
 
@@ -85,7 +85,7 @@ def _row(record, prompt, compressed: Compressed, benign: Answer, attacked: Answe
         **metrics.attack_scores(prompt.references, attacked.text, prompt.raw_references),
         **{
             f"keep_{name}": rate
-            for name, rate in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()
+            for name, rate in rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()
         },
         "benign_response": benign.text,
         "attack_response": attacked.text,
@@ -126,5 +126,5 @@ def evaluate_prompt(  # 8 parameters: the library's one-prompt API (docs/library
         for ratio in ratios:
             cell = (None, 0.0) if ratio == 0.0 else (policy, ratio)
             rows.append({"policy": policy, "ratio": ratio, **done[cell]})
-            maps[(policy, ratio)] = metrics.keep_map(compressed[cell].kept, prompt.n_tokens)
+            maps[(policy, ratio)] = rates.keep_map(compressed[cell].kept, prompt.n_tokens)
     return Evaluation(prompt=prompt, rows=pd.DataFrame(rows), keep_maps=maps, model=lm.name)

@@ -33,6 +33,7 @@ from kvpress.utils import compute_n_kept
 from fairkv.core import data, models, prompts
 from fairkv.core.per_setting import head_dim_known
 from fairkv.core.presses.kept import PRESS_FAILURES, SEED, press_mask
+from fairkv.core.presses.rates import span_rates
 from fairkv.core.presses.registry import CATALOG, Entry, provenance, runnable
 from fairkv.core.presses.selection import topk_select
 from fairkv.core.progress import note
@@ -50,13 +51,6 @@ class AtlasError(ValueError):
 def skipped() -> pd.DataFrame:
     """The presses the atlas does not run, with the reason (listed in the notebook, never skipped silently)."""
     return pd.DataFrame([(e.name, e.reason) for e in CATALOG.values() if e.build is None], columns=["press", "why not"])
-
-
-def span_rates(masks: list[torch.Tensor], spans) -> dict[str, float]:
-    """Keep rate per span from per-layer masks: ``metrics.keep_rates``'s definition (per layer the mean over KV heads
-    of |kept ∩ span| / |span|, then the mean over layers), for kept sets of any size per head."""
-    rates = torch.stack([torch.stack([m[..., s.start : s.end].float().mean(-1).mean() for s in spans]) for m in masks])
-    return {span.name: float(rate) for span, rate in zip(spans, rates.mean(0))}
 
 
 class _Collector(BasePress):

@@ -33,7 +33,7 @@ import torch
 
 from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.paths import REDECODED_FOLDER, redecoded, results_dir
-from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy
+from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy, rates
 from fairkv.core.presses.registry import PER_SETTING, provenance
 from fairkv.core.presses.selection import check_lam
 from fairkv.core.progress import note as progress_note
@@ -390,7 +390,7 @@ def _row(grid: Grid, lm, item: Item, versions: dict, reply: generation.Answer | 
         **_identity(grid.model, lm.checksum, grid, item.record, item.order, item.setting, item.query),
         "n_prefix": prompt.n_tokens,
         "span_tokens": {span.name: len(span) for span in prompt.spans},
-        **{f"keep_{k}": v for k, v in metrics.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
+        **{f"keep_{k}": v for k, v in rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "prefill_s": item.prefill_s,
         "cut_s": compressed.seconds,
         "versions": versions,

@@ -8,7 +8,7 @@ equal share of each span, StreamingLLM's share is each span's tail. The refusal 
 the words the model reads, so each cell's keep rate of the phrase (``keep_operative``) is measured beside its spans'.
 
 A row per (prompt, order, setting): the keep rates of the prompt's spans and of the phrase, computed as the sweep
-computes a row's (``metrics.keep_rates`` of the kept positions; the phrase read as one more span), from one prefill
+computes a row's (``rates.keep_rates`` of the kept positions; the phrase read as one more span), from one prefill
 per (prompt, order) that scores every policy (``score_once.prefill``), each setting cut from it (``score_once.cut``):
 the kept sets the sweep's attack rows decoded from. The spans' keep rates equal the sweep rows' of the same cells
 (a test checks it), so a row joins its cell's attack answer by (prompt, order, policy, variant, lam, ratio).
@@ -26,8 +26,8 @@ from typing import Iterator
 import pandas as pd
 import torch
 
-from fairkv.core import data, metrics, models, prompts, score_once
-from fairkv.core.presses import get_policy
+from fairkv.core import data, models, prompts, score_once
+from fairkv.core.presses import get_policy, rates
 from fairkv.core.presses.registry import SCORE_ONCE, provenance
 from fairkv.core.progress import note
 from fairkv.runs import experiment, fingerprint, runner
@@ -57,7 +57,7 @@ def keep_rates(prefilled: score_once.Prefilled, setting: experiment.Setting) -> 
     """{span or ``OPERATIVE``: keep rate} of ``setting`` cut from ``prefilled``."""
     prompt = prefilled.prompt
     cut = score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
-    return metrics.keep_rates(cut.kept, (*prompt.spans, phrase(prompt)), prompt.n_tokens)
+    return rates.keep_rates(cut.kept, (*prompt.spans, phrase(prompt)), prompt.n_tokens)
 
 
 def _identity(grid: experiment.Grid, record, order: str, setting: experiment.Setting) -> dict:

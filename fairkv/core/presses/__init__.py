@@ -1,6 +1,9 @@
 """Eviction policies (kvpress presses with the paper's settings), their mitigations, and the kept-index recorder.
 
-``build_press`` is the one entry point: policy key x variant (base, whitelist, fair, fair+whitelist) x ratio x lam.
+``build_press`` is the engine's entry point: policy key x variant (base, whitelist, fair, fair+whitelist) x ratio x
+lam, spans and whitelist in token positions. ``WhitelistPress`` and ``FairPress`` are the same mitigations as kvpress
+presses taking text (``native``), and ``keep_rates`` reads keep rates per span (``rates``): with this package, the
+core a kvpress user installs alone (torch, transformers, kvpress), exported at ``fairkv``'s top.
 """
 
 from __future__ import annotations
@@ -38,7 +41,14 @@ def build_press(  # 7 parameters: a setting's fields and the prompt's spans
     return RecordingPress(make_press(policy, ratio), variant, tuple(spans), tuple(protected), lam, keep_only_whitelist)
 
 
+from fairkv.core.presses.native import FairPress, NativePressError, WhitelistPress  # noqa: E402 (native needs the above)
+from fairkv.core.presses.rates import keep_rates  # noqa: E402
+
 __all__ = [
+    "FairPress",
+    "NativePressError",
+    "WhitelistPress",
+    "keep_rates",
     "POLICIES",
     "MITIGATIONS",
     "VARIANTS",

@@ -82,7 +82,7 @@ def press_mask(
 
 def kept_indices(mask: torch.Tensor) -> torch.Tensor:
     """(batch, kv_heads, k) kept positions of ``mask`` (batch, kv_heads, n), k the largest count over heads; a head that
-    keeps fewer repeats its first position, so that ``metrics.keep_rates`` (a scatter) reads its exact set."""
+    keeps fewer repeats its first position, so that ``rates.keep_rates`` (a scatter) reads its exact set."""
     count = mask.sum(-1, keepdim=True)
     most = int(count.max())
     order = (~mask).int().argsort(dim=-1, stable=True)[..., :most]

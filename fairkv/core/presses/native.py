@@ -25,8 +25,10 @@ import torch
 from kvpress import BasePress, ScorerPress
 from transformers import AutoTokenizer
 
+from fairkv.core.presses import rates
 from fairkv.core.presses.recording import RecordingPress
 from fairkv.core.presses.selection import check_lam
+from fairkv.core.prompts import Span
 
 
 class NativePressError(ValueError):
@@ -50,6 +52,7 @@ class _TextPress(BasePress):
             )
         self._ids: torch.Tensor | None = None
         self._recorder: RecordingPress | None = None
+        self._context: tuple[str, list[tuple[int, int]]] | None = None  # the last context's text, each token's range
 
     def _chain(self) -> tuple[ScorerPress, list["_TextPress"]]:
         """The scorer press at the core and the mitigations around it, outermost first."""
@@ -74,7 +77,7 @@ class _TextPress(BasePress):
             if self._ids is None:
                 self._ids = args[0].detach().cpu()
 
-        self._ids, self._recorder, self.kept = None, None, {}
+        self._ids, self._recorder, self._context, self.kept = None, None, None, {}
         hook = model.get_input_embeddings().register_forward_pre_hook(read_ids)
         try:
             with super().__call__(model):
@@ -96,7 +99,7 @@ class _TextPress(BasePress):
                 "the context's token ids were not seen (one context at a time, run through the "
                 "press's own context manager, e.g. kvpress's pipeline)"
             )
-        text, offsets = self._offsets(self._ids[0, :n].tolist())
+        self._context = text, offsets = self._offsets(self._ids[0, :n].tolist())
         scorer, wrappers = self._chain()
         phrases = [p for w in wrappers if isinstance(w, WhitelistPress) for p in w.phrases]
         fair = [w for w in wrappers if isinstance(w, FairPress)]
@@ -106,6 +109,19 @@ class _TextPress(BasePress):
         spans = _partition(text, offsets, fair[0].spans) if fair else ()
         variant = "+".join(v for v, on in (("fair", fair), ("whitelist", phrases)) if on)
         return RecordingPress(scorer, variant, spans, protected, fair[0].lam if fair else 1.0)
+
+    def keep_rates(self, spans: Sequence[str] | None = None) -> dict[str, float]:
+        """Each span's keep rate in the last context compressed, keyed by its text (Section 4's definition,
+        ``fairkv.core.presses.rates``): ``spans`` are placed as a ``FairPress`` places its own, which they default to."""
+        if self._context is None:
+            raise NativePressError("no context compressed yet: run the press first (e.g. through kvpress's pipeline)")
+        fair = [w.spans for w in self._chain()[1] if isinstance(w, FairPress)]
+        texts = tuple(spans) if spans is not None else (fair[0] if fair else ())
+        if not texts or not all(texts):
+            raise NativePressError("keep rates need span texts: pass spans, or wrap the press in a FairPress")
+        text, offsets = self._context
+        placed = [Span(t, start, end, t) for t, (start, end) in zip(texts, _partition(text, offsets, texts))]
+        return rates.keep_rates(self.kept, placed, len(offsets))
 
     def _offsets(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """The context's text and each token's character range in it."""
