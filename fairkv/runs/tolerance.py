@@ -37,7 +37,7 @@ KEEP_BOUND = round(2 * max(MOVED.values()), 3)  # a span's keep rate on other ar
 # 5,900 benign cells of results/cpu/redecoded/ against the committed rows): the shares identical
 AGREEMENT = {
     "attack": {"answers": 2140 / 2300, "readings": 2272 / 2300},
-    "benign": {"answers": 3935 / 5956, "readings": 5764 / 5956},
+    "benign": {"answers": 4096 / 6300, "readings": 6084 / 6300},
 }
 KEEP_FIELDS = (
     "keep",
