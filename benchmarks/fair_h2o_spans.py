@@ -4,7 +4,7 @@
 
 Appendix F.5 zeroes attention from another span's queries and divides each key's received attention by the number of
 its span's causal queries; it names the two instruction spans, not the chat header before them nor the template suffix
-after them. Ours (``presses.scoring._h2o_local``) scores over the spans as the prompt cuts them (the first absorbs the
+after them. Ours (``presses.scoring.h2o_local``) scores over the spans as the prompt cuts them (the first absorbs the
 header, the last the suffix). The authors' ``ObservedAttentionFairEvictionPress`` zeroes only attention from the raw
 later instruction span's queries to the raw earlier span's keys, divides the earlier span's keys by (earlier_end - k)
 and every other key by (L - k), and leaves header and suffix keys scored by every query. Both split the budget over
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pandas as pd
 import torch
-from kvpress import ObservedAttentionPress
 
 from fairkv.core import data, generation, metrics, models, prompts, score_once
-from fairkv.core.presses import rates, scoring
+from fairkv.core.presses import rates, registry
 from fairkv.report import verdicts
 
 AUTHORS = "authors'"
@@ -55,16 +55,17 @@ def authors_h2o(keys: torch.Tensor, attentions: torch.Tensor, earlier: tuple[int
 
 @contextmanager
 def authors_scoring(earlier, later):
-    saved = scoring.LOCAL_SCORERS[ObservedAttentionPress]
-    scoring.LOCAL_SCORERS[ObservedAttentionPress] = (
-        lambda press, module, hidden, keys, values, attentions, kwargs, spans: authors_h2o(
+    saved = registry.REGISTRY["h2o"]
+    registry.REGISTRY["h2o"] = replace(
+        saved,
+        local=lambda press, module, hidden, keys, values, attentions, kwargs, spans: authors_h2o(
             keys, attentions, earlier, later
-        )
+        ),
     )
     try:
         yield
     finally:
-        scoring.LOCAL_SCORERS[ObservedAttentionPress] = saved
+        registry.REGISTRY["h2o"] = saved
 
 
 def shared(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> float:

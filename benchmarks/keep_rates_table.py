@@ -14,7 +14,7 @@ import argparse
 import pandas as pd
 
 from fairkv.core import data, generation, metrics, models, prompts
-from fairkv.core.presses import MITIGATIONS, POLICIES, get_policy
+from fairkv.core.presses import MITIGATIONS, PAPER, get_policy
 
 
 def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
@@ -25,7 +25,7 @@ def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
     for record in records:
         for order in ("normal", "flipped"):
             prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
-            for policy in POLICIES:
+            for policy in PAPER:
                 for variant in MITIGATIONS:
                     kept = generation.compress(lm, prompt, policy, ratio, variant).kept
                     rates = metrics.keep_rates(kept, prompt.spans, prompt.n_tokens)

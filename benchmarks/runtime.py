@@ -14,7 +14,7 @@ import argparse
 import pandas as pd
 import torch
 
-from fairkv.core.presses import POLICIES
+from fairkv.core.presses import PAPER
 from fairkv.runs import runtime
 from fairkv.studies import runtime as runtime_study
 
@@ -23,7 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES))
+    parser.add_argument("--policies", nargs="+", default=list(PAPER))
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=64, help="decoded per measurement (paper: 256)")

@@ -25,7 +25,7 @@ import time
 import torch
 
 from fairkv.core import data, generation, models, prompts, score_once
-from fairkv.core.presses import POLICIES, rates
+from fairkv.core.presses import PAPER, rates
 from fairkv.runs import experiment
 
 
@@ -81,11 +81,11 @@ def matmul_limit(lm, batch: int, repeats: int = 5) -> float:
 
 def keep_rate_sweep(lm, prompt, ratios):
     start = time.perf_counter()
-    pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in POLICIES for r in ratios}
+    pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in PAPER for r in ratios}
     press_s = time.perf_counter() - start
     start = time.perf_counter()
-    prefilled = score_once.prefill(lm, prompt, tuple(POLICIES))
-    cut = {(p, r): score_once.cut(prefilled, p, r).kept for p in POLICIES for r in ratios}
+    prefilled = score_once.prefill(lm, prompt, PAPER)
+    cut = {(p, r): score_once.cut(prefilled, p, r).kept for p in PAPER for r in ratios}
     cut_s = time.perf_counter() - start
     identical = all(torch.equal(cut[k][layer], pressed[k][layer]) for k in pressed for layer in pressed[k])
     keep = {k: rates.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}
@@ -109,7 +109,7 @@ def main() -> None:
     lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
     records = data.load_sys_ifeval("sys_ifeval_shuffled", limit=args.prompts)
     templates, attack = data.load_defense_templates(), data.paper_attack().text
-    policies = tuple(POLICIES)
+    policies = PAPER
     grid = experiment.Grid(
         model=args.model,
         n_prompts=args.prompts,

@@ -37,7 +37,7 @@ from fairkv.core.paths import (
     reports_dir,
     results_dir,
 )
-from fairkv.core.presses import POLICIES, PolicyError, get_policy
+from fairkv.core.presses import PAPER, PolicyError, get_policy
 from fairkv.report import figures, notebooks, outcomes, readme
 from fairkv.runs import fingerprint, redecode, verify
 from fairkv.runs.store import ResultsStore, StoreError
@@ -171,9 +171,9 @@ def _audit_inputs(commands) -> argparse.ArgumentParser:
     check.add_argument(
         "--policies",
         nargs="+",
-        default=list(POLICIES),
+        default=list(PAPER),
         metavar="POLICY",
-        help=f"policies to compare (default: all five, {' '.join(POLICIES)})",
+        help=f"policies to compare (default: all five, {' '.join(PAPER)})",
     )
     check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
     check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")

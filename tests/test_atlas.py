@@ -20,15 +20,18 @@ from fairkv.studies import atlas as atlas_study
 from fairkv.studies import mechanism
 
 
-def test_catalog_names_every_kvpress_press_with_how_or_why_not():
-    assert set(registry.CATALOG) == set(registry.kvpress_presses())
-    for entry in registry.CATALOG.values():
-        assert (entry.build is None) == bool(entry.reason), entry.name
-        if entry.build is not None:
-            assert entry.scoring in ("independent", "cross-token", "wrapper of SnapKV"), entry.name
+def test_the_registry_names_every_kvpress_press_with_how_or_why_not():
+    """Every press kvpress exports is one policy (one entry, its class) or not run with a reason, never both."""
+    policies = [p.name for p in registry.REGISTRY.values()]
+    assert len(policies) == len(set(policies)) and not set(policies) & set(registry.NOT_RUN)
+    assert set(policies) | set(registry.NOT_RUN) == set(registry.kvpress_presses())
+    assert all(registry.NOT_RUN.values())
+    for policy in registry.REGISTRY.values():
+        assert policy.scoring in ("independent", "cross-token", "wrapper of SnapKV"), policy.name
+        assert isinstance(policy.build(0.5), policy.cls), policy.name
     assert len(registry.runnable()) >= 20
-    assert {e.label for e in registry.runnable() if e.paper} == {"StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"}
-    assert set(atlas.skipped()["press"]) == {n for n, e in registry.CATALOG.items() if e.build is None}
+    assert [registry.REGISTRY[k].label for k in registry.PAPER] == ["StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"]
+    assert set(atlas.skipped()["press"]) == set(registry.NOT_RUN)
 
 
 def test_runnable_names_the_reason_for_a_press_it_cannot_run():

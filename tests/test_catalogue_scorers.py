@@ -10,7 +10,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from fairkv.core import prompts, score_once
 from fairkv.core.presses import rates, registry
 from fairkv.core.presses.registry import PER_SETTING, SCORE_ONCE, runnable
-from fairkv.core.presses.scoring import LOCAL_SCORERS, ranking_scores, shift_keys, span_as_prompt, span_local_scores
+from fairkv.core.presses.scoring import shift_keys, span_as_prompt
 from fairkv.runs import experiment, fingerprint, studies
 
 SCORERS = [e.key for e in runnable() if not e.paper and e.backend == SCORE_ONCE]
@@ -30,8 +30,8 @@ def test_every_runnable_press_has_a_backend_and_each_score_once_one_its_local_sc
     }
     assert {e.name for e in runnable() if e.backend == PER_SETTING} >= {"LeverageScorePress", "CompactorPress"}
     assert all(e.backend in (SCORE_ONCE, PER_SETTING) for e in runnable())
-    assert {type(registry.make_press(key, 0.5)) for key in SCORERS} <= set(LOCAL_SCORERS)
-    assert set(registry.PRESSES) == {e.key for e in runnable()}
+    assert all(registry.policy_of(registry.make_press(key, 0.5)).key == key for key in registry.REGISTRY)
+    assert {registry.KIND_SCORERS[registry.REGISTRY[key].scoring] for key in SCORERS} == {span_as_prompt}
 
 
 def test_shift_keys_is_the_rotation_of_the_earlier_position():
@@ -55,7 +55,8 @@ class _Probe(BasePress):
 
     def __init__(self, press, spans, local=None):
         self.press, self.spans, self.base, self.local = press, spans, {}, {}
-        self.scorer = local or span_local_scores
+        self.policy = registry.policy_of(press)
+        self.scorer = local or self.policy.local_scores
 
     def post_init_from_model(self, model):
         self.press.post_init_from_model(model)
@@ -63,7 +64,7 @@ class _Probe(BasePress):
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         args = (module, hidden_states, keys, values, attentions, kwargs)
         torch.manual_seed(module.layer_idx)
-        self.base[module.layer_idx] = ranking_scores(self.press, *args)
+        self.base[module.layer_idx] = self.policy.ranking_scores(self.press, *args)
         torch.manual_seed(module.layer_idx)
         self.local[module.layer_idx] = self.scorer(self.press, *args, self.spans)
         return keys, values
@@ -88,13 +89,13 @@ def _assert_independent(lm, name: str, press, local=None):
     for layer in (0, 15, 29):
         earlier = lambda p, kind: getattr(p, kind)[layer][..., span.start : span.end]
         assert torch.allclose(earlier(a, "local"), earlier(b, "local"), rtol=1e-4, atol=1e-6), (name, layer)
-        if registry.CATALOG[name].scoring == "cross-token":
+        if registry.runnable([name])[0].scoring == "cross-token":
             assert not torch.allclose(earlier(a, "base"), earlier(b, "base"), rtol=1e-3, atol=1e-6), (name, layer)
 
 
 def test_span_local_scores_never_read_the_other_span(smollm):
     for policy in SCORERS:
-        _assert_independent(smollm, registry.entry_of(policy).name, registry.make_press(policy, 0.5))
+        _assert_independent(smollm, registry.get_policy(policy).name, registry.make_press(policy, 0.5))
 
 
 @pytest.mark.parametrize("name", ["LeverageScorePress", "CompactorPress"])

@@ -11,9 +11,9 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from fairkv.core import generation, prompts, score_once
-from fairkv.core.presses import POLICIES, PolicyError, SpanError, WhitelistError, build_press, make_press
+from fairkv.core.presses import PAPER, PolicyError, SpanError, WhitelistError, build_press, get_policy, make_press
 from fairkv.core.presses.budget import BudgetError, apportion, fair_budgets, window_split
-from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
+from fairkv.core.presses.registry import policy_of
 from fairkv.core.presses.selection import check_spans, choose
 
 RATIOS = [0.2, 0.5, 0.7]
@@ -29,7 +29,7 @@ def prefilled(smollm, normal_prompt):
     """The paper's prompt scored once for every policy: the variant matrix reads its kept sets from the engine's
     cuts, which keep what running each press keeps (``test_score_once.py::test_cut_equals_running_the_press``, at these
     variants and lambdas)."""
-    return score_once.prefill(smollm, normal_prompt, tuple(POLICIES))
+    return score_once.prefill(smollm, normal_prompt, PAPER)
 
 
 def fair_target(span, n: int, n_kept: int, reserved) -> float:
@@ -40,13 +40,13 @@ def fair_target(span, n: int, n_kept: int, reserved) -> float:
 
 
 @pytest.mark.parametrize("ratio", RATIOS)
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(PAPER))
 def test_variant_matrix(prefilled, normal_prompt, policy, ratio):
     prompt = normal_prompt
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, ratio)
     base = score_once.cut(prefilled, policy, ratio).kept
     protected = torch.tensor(prompt.protected)
-    reserved = reserved_positions(make_press(policy, ratio), n)
+    reserved = get_policy(policy).reserved_positions(make_press(policy, ratio), n)
     for variant, lam in VARIANTS:
         kept = score_once.cut(prefilled, policy, ratio, variant, lam).kept
         for layer, indices in kept.items():
@@ -65,7 +65,7 @@ def test_variant_matrix(prefilled, normal_prompt, policy, ratio):
 
 
 @pytest.mark.parametrize("n_spans", [3, 5])
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(PAPER))
 def test_fair_many_spans(smollm, policy, n_spans):
     segments = [
         (f"rule{i}", f"Rule {i}: whenever you answer, mention the number {i} and use at least {i + 2} short sentences.")
@@ -74,7 +74,7 @@ def test_fair_many_spans(smollm, policy, n_spans):
     prompt = prompts.build_prompt(smollm.tokenizer, segments)
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, 0.5)
     kept = kept_sets(smollm, prompt, policy, 0.5, "fair")
-    reserved = reserved_positions(make_press(policy, 0.5), n)
+    reserved = get_policy(policy).reserved_positions(make_press(policy, 0.5), n)
     for indices in kept.values():
         for head in indices[0]:
             counts = [int(((head >= s.start) & (head < s.end)).sum()) for s in prompt.spans]
@@ -93,8 +93,9 @@ class ScoreProbe(BasePress):
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         args = (module, hidden_states, keys, values, attentions, kwargs)
-        self.base[module.layer_idx] = ranking_scores(self.press, *args)
-        self.local[module.layer_idx] = span_local_scores(self.press, *args, self.spans)
+        policy = policy_of(self.press)
+        self.base[module.layer_idx] = policy.ranking_scores(self.press, *args)
+        self.local[module.layer_idx] = policy.local_scores(self.press, *args, self.spans)
         return keys, values
 
 
@@ -171,11 +172,18 @@ def test_whitelist_is_kept_before_the_sinks(variant):
     n, ratio, spans, protected = 40, 0.75, ((0, 20), (20, 40)), tuple(range(8, 15))
     press, keys = make_press("streamingllm", ratio), torch.zeros(1, 2, n, 4)
     scores = {
-        "ranking": ranking_scores(press, None, None, keys, None, None, None),
-        "local": span_local_scores(press, None, None, keys, None, None, None, spans),
+        "ranking": policy_of(press).ranking_scores(press, None, None, keys, None, None, None),
+        "local": policy_of(press).local_scores(press, None, None, keys, None, None, None, spans),
     }
     indices = choose(
-        scores.get, (1, 2, n), ratio, variant, 1.0, spans, protected, reserved=reserved_positions(press, n)
+        scores.get,
+        (1, 2, n),
+        ratio,
+        variant,
+        1.0,
+        spans,
+        protected,
+        reserved=policy_of(press).reserved_positions(press, n),
     )
     for head in indices[0].tolist():
         assert len(set(head)) == compute_n_kept(n, ratio) == 10

@@ -42,6 +42,8 @@ def test_a_committed_notebook_is_the_cpu_reproduction_with_its_figures_inline(pa
         assert shown == cell.source.count("figures.publish("), f"a figure not inline under its cell:\n{cell.source}"
     assert not [key for holder in [nb, *nb.cells] for key in notebooks.RUN_METADATA if key in holder.metadata]
     assert path.stat().st_size <= NOTEBOOK_MAX_BYTES
+    # the same in every clone: a re-render in another folder leaves git clean
+    assert str(REPO_ROOT) not in path.read_text(), "an output names this checkout's folder"
 
 
 def test_no_second_copy_of_the_rendered_notebooks_is_committed():

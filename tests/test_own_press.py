@@ -9,7 +9,7 @@ import pytest
 import torch
 from kvpress import ScorerPress
 
-from fairkv.core.presses import own, registry, scoring
+from fairkv.core.presses import own, registry
 from fairkv.runs import atlas, experiment
 
 
@@ -24,12 +24,11 @@ class EarliestPress(ScorerPress):
 
 @pytest.fixture
 def earliest():
-    """The toy press registered, and the catalogue as it was afterwards."""
-    saved = dict(registry.CATALOG), dict(registry.PRESSES), dict(scoring.LOCAL_SCORERS)
+    """The toy press registered, and the registry as it was afterwards."""
+    saved = dict(registry.REGISTRY)
     yield own.register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
-    for table, before in zip((registry.CATALOG, registry.PRESSES, scoring.LOCAL_SCORERS), saved):
-        table.clear()
-        table.update(before)
+    registry.REGISTRY.clear()
+    registry.REGISTRY.update(saved)
 
 
 def test_a_registered_press_runs_through_the_atlas(earliest, smollm, tmp_path):
@@ -89,7 +88,7 @@ def test_registering_checks_what_it_is_given(earliest):
         own.register("LatestPress", "Latest", lambda r: object(), "independent")
     with pytest.raises(registry.PolicyError, match="already holds 'Earliest'"):
         own.register("OtherPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
-    with pytest.raises(registry.PolicyError, match="SnapKVPress is a class the catalogue already scores"):
+    with pytest.raises(registry.PolicyError, match="SnapKVPress is a class the registry already scores"):
         own.register("Snap8Press", "Snap8", lambda r: registry.SnapKVPress(r, window_size=8), "independent")
     with pytest.raises(registry.PolicyError, match="source of .* cannot be read"):
         own.source_hash(type("Typed", (EarliestPress,), {})(compression_ratio=0.5), "independent", registry.SCORE_ONCE)

@@ -8,7 +8,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from fairkv.core import generation, prompts
-from fairkv.core.presses import POLICIES, PolicyError, RecordingPress, make_press, rates
+from fairkv.core.presses import PAPER, PolicyError, RecordingPress, make_press, rates
 from fairkv.core.prompts import PromptError
 
 RATIOS = [0.25, 0.5, 0.75]
@@ -22,7 +22,7 @@ def prefill(lm, prompt, press):
 
 
 @pytest.mark.parametrize("ratio", RATIOS)
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(PAPER))
 def test_recording_press_matches_kvpress(smollm, normal_prompt, policy, ratio):
     """Kept count per layer and head is compute_n_kept(n, r), and the cache equals the bare kvpress press's."""
     n = normal_prompt.n_tokens
@@ -38,7 +38,7 @@ def test_recording_press_matches_kvpress(smollm, normal_prompt, policy, ratio):
         assert torch.equal(ours.layers[layer].values, reference.layers[layer].values)
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(PAPER))
 def test_ratio_zero_keeps_everything_and_answers_like_no_press(smollm, records, normal_prompt, policy):
     plain = generation.compress(smollm, normal_prompt, None)
     pressed = generation.compress(smollm, normal_prompt, policy, 0.0)

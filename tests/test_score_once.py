@@ -7,7 +7,7 @@ import torch
 
 from fairkv.core import attention, generation, running, score_once
 from fairkv.core.one_prompt import evaluate_prompt
-from fairkv.core.presses import POLICIES, WhitelistError
+from fairkv.core.presses import PAPER, WhitelistError
 
 # every variant and lambda of test_mitigations.py's variant matrix, which reads its kept sets from the engine
 SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair", 0.0), ("fair+whitelist", 1.0)]
@@ -15,10 +15,10 @@ SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("f
 
 @pytest.fixture(scope="module")
 def prefilled(smollm, normal_prompt):
-    return score_once.prefill(smollm, normal_prompt, tuple(POLICIES))
+    return score_once.prefill(smollm, normal_prompt, PAPER)
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", list(PAPER))
 def test_cut_equals_running_the_press(smollm, normal_prompt, prefilled, policy):
     for ratio in (0.1, 0.3, 0.5, 0.7):
         for variant, lam in SETTINGS:

@@ -27,7 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fairkv.core.paths import DATA_DIR_SETTING, cache_dir, data_dir
+from fairkv.core.paths import DATA_DIR_SETTING, cache_dir, data_dir, shown
 from fairkv.core.records import read_jsonl
 
 # LongBench's dataset2prompt["trec"], split at the examples: the instruction and examples form the directive
@@ -77,7 +77,7 @@ def trec_files() -> list[Path]:
         return [p for p in (local / "trec.jsonl", local / "trec_e.jsonl") if p.is_file()]
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         raise LongBenchError(
-            f"LongBench TREC is not available: no {local / 'trec.jsonl'} (the data folder is set by "
+            f"LongBench TREC is not available: no {shown(local / 'trec.jsonl')} (the data folder is set by "
             f"{DATA_DIR_SETTING}), and "
             "HF_HUB_OFFLINE is set. Put LongBench's trec.jsonl there, or unset HF_HUB_OFFLINE to download "
             f"{HUB_REPO}/{HUB_FILE} from the Hugging Face hub"

@@ -77,6 +77,13 @@ def _from_env(name: str, default: Path) -> Path:
     return Path(value).expanduser().resolve() if value else default
 
 
+def shown(path: Path) -> str:
+    """``path`` as a message shows it: relative to the repository when inside it, so that a notebook's output is the
+    same in every clone."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def data_dir() -> Path:
     return _from_env(DATA_DIR_SETTING, REPO_ROOT / "data")
 

@@ -4,8 +4,8 @@ once (beyond the paper).
 The score-once backend (``fairkv.core.score_once``) scores a press once and cuts the top-k of those scores at every
 ratio. kvpress's wrappers around SnapKV do not work that way: AdaKV and CriticalAdaKV keep a different number of tokens
 in each KV head (one top-k over heads x tokens), CriticalKV's two-stage score reads the ratio, Block scores the prefix
-block by block, LeverageScore and Compactor draw a sketch at every call (``registry.CATALOG`` declares which press
-takes which backend). Here each press is run by its own kvpress ``compress`` at each (variant, ratio) on the one
+block by block, LeverageScore and Compactor draw a sketch at every call (each policy of ``registry.REGISTRY`` declares
+its backend). Here each press is run by its own kvpress ``compress`` at each (variant, ratio) on the one
 uncompressed prefill of a prompt (``kept.press_mask``; no press is re-implemented), and the mitigations change only
 what Section 5 and Appendix F change:
 
@@ -39,7 +39,7 @@ from transformers import DynamicCache
 from fairkv.core import generation, models, prompts
 from fairkv.core.presses import kept
 from fairkv.core.presses.budget import fair_budgets
-from fairkv.core.presses.registry import Entry, PolicyError, entry_of
+from fairkv.core.presses.registry import Policy, PolicyError, get_policy
 from fairkv.core.presses.scoring import span_as_prompt
 from fairkv.core.presses.selection import check_whitelist
 
@@ -73,7 +73,7 @@ def _protect(press: BasePress, protected_keys: torch.Tensor) -> BasePress:
     return press
 
 
-def press_mask(entry: Entry, ratio: float, protected, layer: Layer, model) -> torch.Tensor:
+def press_mask(entry: Policy, ratio: float, protected, layer: Layer, model) -> torch.Tensor:
     """(batch, kv_heads, n) kept positions of ``entry``'s press at ``ratio`` on the n tokens of ``layer``, the
     positions ``protected`` scored first (the whitelist)."""
     press = entry.build(ratio)
@@ -87,7 +87,7 @@ class _SpanKeeper:
     """What ``scoring.span_as_prompt`` scores each span with, span after span: ``press_mask`` of the span alone
     keeping its budget (at the ratio where kvpress's ``compute_n_kept`` gives it), as 1.0 (kept) / 0.0."""
 
-    def __init__(self, entry: Entry, budgets: list[int], protected: list[tuple[int, ...]], model):
+    def __init__(self, entry: Policy, budgets: list[int], protected: list[tuple[int, ...]], model):
         self.entry, self.model, self.todo = entry, model, list(zip(budgets, protected))
 
     def score(self, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
@@ -102,7 +102,7 @@ class _SpanKeeper:
 
 
 def setting_mask(
-    entry: Entry, variant: str, ratio: float, spans, protected, layer: Layer, model
+    entry: Policy, variant: str, ratio: float, spans, protected, layer: Layer, model
 ) -> torch.Tensor:  # 7 parameters: a setting's fields, the prompt's spans and the layer
     """(batch, kv_heads, n) positions ``entry``'s press keeps in ``layer`` in ``variant`` (base, whitelist, fair,
     fair+whitelist; see the module doc) at ``ratio``; ``spans`` (start, end) and ``protected`` are token positions."""
@@ -132,7 +132,7 @@ class _Masks(BasePress):
         self.settings, self.prompt = settings, prompt
         self.spans = tuple((s.start, s.end) for s in prompt.spans)
         self.masks: dict = {s: [] for s in settings}
-        self.entries = {s: entry_of(s.policy) for s in settings}
+        self.entries = {s: get_policy(s.policy) for s in settings}
 
     def post_init_from_model(self, model):
         self.model = model

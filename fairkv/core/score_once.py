@@ -25,11 +25,8 @@ from fairkv.core.generation import Compressed, check_policy_fits
 from fairkv.core.models import LoadedModel, clock
 from fairkv.core.presses import PolicyError, check_ratio, get_policy, make_press
 from fairkv.core.presses.registry import SCORE_ONCE
-from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
 from fairkv.core.presses.selection import check_variant_inputs, choose, gather_kept
 from fairkv.core.prompts import Prompt
-
-STREAMING = "streamingllm"
 
 
 @dataclass
@@ -43,10 +40,11 @@ class _ScoreCollector(BasePress):
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         args = (module, hidden_states, keys, values, attentions, kwargs)
         for policy in self.policies:
-            press = make_press(policy, 0.5)  # the ratio does not enter these scores (StreamingLLM's: see ``cut``)
-            entry = {"ranking": ranking_scores(press, *args), "local": span_local_scores(press, *args, self.spans)}
-            if policy != STREAMING:
-                entry["press"] = entry["ranking"]  # ranking_scores is press.score for every policy but StreamingLLM
+            spec = get_policy(policy)
+            press = spec.build(0.5)  # the ratio does not enter these scores (a ranking's press score: see ``cut``)
+            entry = {"ranking": spec.ranking_scores(press, *args), "local": spec.local_scores(press, *args, self.spans)}
+            if spec.rank is None:
+                entry["press"] = entry["ranking"]  # the ranking is the press's own score
             self.scores[(policy, module.layer_idx)] = entry
         return keys, values
 
@@ -108,11 +106,11 @@ def cut(
                 kept[layer] = torch.arange(n, device=keys.device).expand(batch, heads, n)
             cache.update(keys, values, layer)
             continue
-        entry = prefilled.scores[(policy, layer)]
+        entry, spec = prefilled.scores[(policy, layer)], get_policy(policy)
 
         def scores(kind: str, entry=entry, keys=keys) -> torch.Tensor:
-            if kind == "press" and policy == STREAMING:  # kvpress's StreamingLLM score depends on the ratio
-                return make_press(STREAMING, ratio).score(None, None, keys, None, None, None)
+            if kind not in entry:  # a policy ranked otherwise than by its press's score (StreamingLLM): that score
+                return make_press(policy, ratio).score(None, None, keys, None, None, None)  # reads the ratio, keys only
             return entry[kind]
 
         indices = choose(
@@ -124,7 +122,7 @@ def cut(
             spans,
             prompt.protected,
             keep_only_whitelist,
-            reserved_positions(make_press(policy, ratio), n),
+            spec.reserved_positions(make_press(policy, ratio), n),
         ).to(keys.device)
         kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
         cache.update(kept_keys, kept_values, layer)

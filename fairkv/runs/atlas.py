@@ -1,7 +1,7 @@
 """Beyond the paper: eviction bias across every kvpress press (notebook 12, the press atlas).
 
 The paper measures five policies (Section 4). kvpress exports many more presses; the press catalogue
-(``presses.registry.CATALOG``) names every one of them with how it runs, or why it cannot run here (``skipped``).
+(``presses.registry``: ``REGISTRY`` and ``NOT_RUN``) names every one of them with how it runs, or why it cannot run here (``skipped``).
 
 Keep rates come from one prefill per prompt (``keep_rates``): kvpress compresses a layer's cache in a hook after that
 layer's attention, so the hook's inputs never depend on the press, and the collector calls every press's own
@@ -34,7 +34,7 @@ from fairkv.core import data, models, prompts
 from fairkv.core.per_setting import head_dim_known
 from fairkv.core.presses.kept import PRESS_FAILURES, SEED, press_mask
 from fairkv.core.presses.rates import span_rates
-from fairkv.core.presses.registry import CATALOG, Entry, provenance, runnable
+from fairkv.core.presses.registry import NOT_RUN, Policy, provenance, runnable
 from fairkv.core.presses.selection import topk_select
 from fairkv.core.progress import note
 from fairkv.runs import experiment, fingerprint, runner, studies
@@ -50,7 +50,7 @@ class AtlasError(ValueError):
 
 def skipped() -> pd.DataFrame:
     """The presses the atlas does not run, with the reason (listed in the notebook, never skipped silently)."""
-    return pd.DataFrame([(e.name, e.reason) for e in CATALOG.values() if e.build is None], columns=["press", "why not"])
+    return pd.DataFrame(list(NOT_RUN.items()), columns=["press", "why not"])
 
 
 class _Collector(BasePress):
@@ -58,7 +58,7 @@ class _Collector(BasePress):
     ``score`` once, cut at every ratio by ``ScorerPress``'s top-k); compresses nothing. A press that raises on this
     prompt (``PRESS_FAILURES``) is recorded with its error, and the other presses go on."""
 
-    def __init__(self, entries: list[Entry], ratios: tuple[float, ...]):
+    def __init__(self, entries: list[Policy], ratios: tuple[float, ...]):
         self.entries, self.ratios = entries, ratios
         self.presses = {(e.label, r): e.build(r) for e in entries for r in ratios}
         self.masks: dict[tuple[str, float], list[torch.Tensor]] = {key: [] for key in self.presses}
@@ -106,7 +106,7 @@ def _described(error: Exception) -> str:
 
 
 @torch.inference_mode()
-def keep_rates(lm: models.LoadedModel, prompt: prompts.Prompt, entries: list[Entry], ratios) -> dict:
+def keep_rates(lm: models.LoadedModel, prompt: prompts.Prompt, entries: list[Policy], ratios) -> dict:
     """{(label, ratio): ({span: keep rate}, error)} for every entry and ratio, from one prefill of ``prompt``; a press
     that raised on this prompt has NaN keep rates and the error it raised (None for the others)."""
     collector = _Collector(entries, tuple(ratios))
@@ -134,7 +134,7 @@ class Plan:
     def grid(self) -> experiment.Grid:
         return studies.profile(self.profile)
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[Policy]:
         return runnable(self.presses)
 
 

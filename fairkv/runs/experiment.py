@@ -1,7 +1,7 @@
 """Declarative sweeps: a grid of settings run prompt by prompt into the results store, resumable at any point.
 
 A ``Grid`` names the model, a slice of sys_ifeval, orders, policies (any press of the catalogue,
-``presses.registry.PRESSES``), variants, lambdas, ratios and query kinds. Each (prompt, order, setting, query) is one
+``presses.registry.REGISTRY``), variants, lambdas, ratios and query kinds. Each (prompt, order, setting, query) is one
 row of the store, keyed by a hash of what determines it (model checksum, int8, prompt, setting, query,
 max_new_tokens, metrics version), so a cell requested by two notebooks or twice by one is computed once. Settings
 are canonical: r = 0 is one cell ("none") shared by every policy and variant, fair with lam = 0 is the base selection,
@@ -33,7 +33,7 @@ import torch
 
 from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.paths import REDECODED_FOLDER, redecoded, results_dir
-from fairkv.core.presses import POLICIES, check_ratio, check_variant, get_policy, rates
+from fairkv.core.presses import PAPER, check_ratio, check_variant, get_policy, rates
 from fairkv.core.presses.registry import PER_SETTING, provenance
 from fairkv.core.presses.selection import check_lam
 from fairkv.core.progress import note as progress_note
@@ -79,7 +79,7 @@ class Grid:
     start: int = 0
     n_prompts: int | None = 4
     orders: tuple[str, ...] = ("normal",)
-    policies: tuple[str, ...] = tuple(POLICIES)
+    policies: tuple[str, ...] = PAPER
     variants: tuple[str, ...] = ("base",)
     lams: tuple[float, ...] = (1.0,)
     ratios: tuple[float, ...] = (0.0, 0.5)
@@ -334,7 +334,7 @@ def run(
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
     and query; r = 0 rows repeated under every policy and variant), through ``runner.run``.
 
-    Any press of the catalogue is a policy (``presses.registry.PRESSES``); each setting is built by its press's
+    Any press of the catalogue is a policy (``presses.registry.REGISTRY``); each setting is built by its press's
     backend. ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster:
     ``RAY_ADDRESS`` or a local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see
     ``fairkv.runs.executors``). ``wait``: when another process computes the same store, wait for it and reuse its rows

@@ -21,7 +21,7 @@ import pandas as pd
 import seaborn as sns
 
 from fairkv.core.presses import get_policy
-from fairkv.core.presses.registry import CATALOG
+from fairkv.core.presses.registry import runnable
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Mechanism, Part
 from fairkv.report.figures import POLICY_COLOURS, span_keep_rates, suptitle
@@ -183,7 +183,8 @@ def _largest_difference(rows: pd.DataFrame, copy: str, original: str) -> tuple[v
     if not a.index.equals(b.index):
         return verdicts.Estimate(float("inf"), float("inf"), float("inf"), n, "exact"), "different prompts or ratios"
     largest = float((a - b).abs().max().max())
-    press = CATALOG[COPY_PRESS].build(BIAS_RATIO)
+    (copied,) = runnable([COPY_PRESS])
+    press = copied.build(BIAS_RATIO)
     tokens = rows[rows["press"] == copy]["n_tokens"] if "n_tokens" in rows else pd.Series(dtype=float)
     length = f"prompts of {int(tokens.min())}-{int(tokens.max())} tokens" if len(tokens) else "these prompts"
     said = (

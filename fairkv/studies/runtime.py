@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fairkv.core.presses import POLICIES
+from fairkv.core.presses import PAPER
 from fairkv.report import verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.report.figures import every_ratio, label_policies, palette, suptitle
@@ -51,7 +51,7 @@ STUDY = Study(
         ),
         "paper": Plan(
             model="meta-llama/Llama-3.1-8B-Instruct",
-            policies=tuple(POLICIES),
+            policies=PAPER,
             ratios=TEN_RATIOS[1:],
             n_prompts=5,
             repeats=10,

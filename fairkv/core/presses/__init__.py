@@ -14,7 +14,8 @@ from fairkv.core.presses.budget import BudgetError
 from fairkv.core.presses.recording import RecordingPress
 from fairkv.core.presses.registry import (
     MITIGATIONS,
-    POLICIES,
+    PAPER,
+    REGISTRY,
     VARIANTS,
     Policy,
     PolicyError,
@@ -49,7 +50,8 @@ __all__ = [
     "NativePressError",
     "WhitelistPress",
     "keep_rates",
-    "POLICIES",
+    "PAPER",
+    "REGISTRY",
     "MITIGATIONS",
     "VARIANTS",
     "BudgetError",

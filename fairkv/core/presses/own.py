@@ -1,11 +1,11 @@
 """A press of one's own (issue 54, item 4): a press written in fairkv, or a user's, in the catalogue beside kvpress's.
 
-``register`` puts a kvpress ``ScorerPress`` (or any ``BasePress`` for the per-setting backend) in the press catalogue
-(``registry.CATALOG``) the way kvpress's own are declared there: after it, the press is a policy like the paper's five
-(``registry.PRESSES``, by its key: the label in lower case), so grids, the engine, the atlas, the operative words and
-the audit take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent"
-(a token's own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the
-catalogue applies to every cross-token scorer). A score-once press must score without reading the ratio or drawing
+``register`` puts a kvpress ``ScorerPress`` (or any ``BasePress`` for the per-setting backend) in the one registry of
+policies (``registry.REGISTRY``) the way kvpress's own are declared there: after it, the press is a policy like the
+paper's five (by its key: the label in lower case), so grids, the engine, the atlas, the operative words and the audit
+take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent" (a token's
+own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the registry
+applies to every cross-token scorer, ``registry.KIND_SCORERS``). A score-once press must score without reading the ratio or drawing
 random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with ``backend=PER_SETTING``.
 
 The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a
@@ -28,19 +28,7 @@ from typing import Callable
 
 from kvpress import BasePress, ScorerPress
 
-from fairkv.core.presses import scoring
-from fairkv.core.presses.registry import (
-    CATALOG,
-    PER_SETTING,
-    PRESSES,
-    SCORE_ONCE,
-    SNAPKV_WINDOW,
-    Entry,
-    Policy,
-    PolicyError,
-)
-
-SCORINGS = {"independent": scoring.independent_scores, "cross-token": scoring.span_as_prompt}
+from fairkv.core.presses.registry import KIND_SCORERS, NOT_RUN, PER_SETTING, REGISTRY, SCORE_ONCE, Policy, PolicyError
 
 
 def source_hash(press: BasePress, scoring_kind: str, backend: str) -> str:
@@ -65,12 +53,12 @@ def register(
     build: Callable[[float], BasePress],
     scoring_kind: str,
     backend: str = SCORE_ONCE,
-) -> Entry:
-    """Put the press ``build(r)`` makes in the catalogue as ``name`` (its class name, as kvpress's are listed) with the
+) -> Policy:
+    """Put the press ``build(r)`` makes in the registry as ``name`` (its class name, as kvpress's are listed) with the
     ``label`` its rows and figures show; ``scoring_kind`` "independent" or "cross-token" (fair eviction's span-local
-    scores follow it). Returns its catalogue entry; a name or key the catalogue holds is an error."""
-    if scoring_kind not in SCORINGS:
-        raise PolicyError(f"unknown scoring {scoring_kind!r}: use one of {', '.join(SCORINGS)}")
+    scores follow it). Returns its policy; a name or key the registry holds is an error."""
+    if scoring_kind not in KIND_SCORERS:
+        raise PolicyError(f"unknown scoring {scoring_kind!r}: use one of {', '.join(KIND_SCORERS)}")
     if backend not in (SCORE_ONCE, PER_SETTING):
         raise PolicyError(f"unknown backend {backend!r}: use {SCORE_ONCE!r} or {PER_SETTING!r}")
     press = build(0.5)
@@ -78,21 +66,19 @@ def register(
         raise PolicyError(f"{name}: build(r) must return a kvpress press, got {type(press).__name__}")
     if backend == SCORE_ONCE and not isinstance(press, ScorerPress):
         raise PolicyError(f"{name} is no ScorerPress: only scorers are scored once; register it with {PER_SETTING!r}")
-    entry = Entry(name, label, build, scoring_kind, ratio_free=backend == SCORE_ONCE, backend=backend)
-    held = {n for e in CATALOG.values() for n in (e.name, e.label, e.key) if n} | set(PRESSES)
-    taken = [n for n in (name, label, entry.key) if n in held]
+    policy = Policy(label.lower(), label, type(press), build, scoring_kind, backend, ratio_free=backend == SCORE_ONCE)
+    held = {n for p in REGISTRY.values() for n in (p.name, p.label, p.key)} | set(NOT_RUN)
+    taken = [n for n in (name, label, policy.key) if n in held]
     if taken:
-        raise PolicyError(f"the press catalogue already holds {taken[0]!r}: register a press under a name of its own")
-    if type(press).__module__.split(".")[0] == "kvpress" or type(press) in scoring.LOCAL_SCORERS:
+        raise PolicyError(f"the registry already holds {taken[0]!r}: register a press under a name of its own")
+    if type(press).__module__.split(".")[0] == "kvpress" or any(p.cls is type(press) for p in REGISTRY.values()):
         raise PolicyError(
-            f"{name}: {type(press).__name__} is a class the catalogue already scores (kvpress's, or registered): "
-            "subclass it, so that its rows and its span-local scores stay apart from the catalogue's own"
+            f"{name}: {type(press).__name__} is a class the registry already scores (kvpress's, or registered): "
+            "subclass it, so that its rows and its span-local scores stay apart from the registry's own"
         )
-    entry = replace(entry, source=source_hash(press, scoring_kind, backend))
-    CATALOG[name] = entry
-    PRESSES[entry.key] = Policy(entry.key, label, build, min_tokens=SNAPKV_WINDOW, backend=backend)
-    scoring.LOCAL_SCORERS[type(press)] = SCORINGS[scoring_kind]
-    return entry
+    policy = replace(policy, source=source_hash(press, scoring_kind, backend))
+    REGISTRY[policy.key] = policy
+    return policy
 
 
 __all__ = ["register", "source_hash"]

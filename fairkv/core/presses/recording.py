@@ -14,8 +14,7 @@ import torch
 from kvpress import BasePress, ScorerPress
 from torch import nn
 
-from fairkv.core.presses.registry import check_variant
-from fairkv.core.presses.scoring import ranking_scores, reserved_positions, span_local_scores
+from fairkv.core.presses.registry import check_variant, policy_of
 from fairkv.core.presses.selection import check_lam, check_spans, choose, gather_kept
 
 
@@ -55,11 +54,11 @@ class RecordingPress(BasePress):
         if self.compression_ratio == 0:
             self.kept[module.layer_idx] = torch.arange(n, device=keys.device).expand(batch, heads, n)
             return keys, values
-        args = (module, hidden_states, keys, values, attentions, kwargs)
+        args, policy = (module, hidden_states, keys, values, attentions, kwargs), policy_of(self.press)
         scorers = {
             "press": lambda: self.press.score(*args),
-            "ranking": lambda: ranking_scores(self.press, *args),
-            "local": lambda: span_local_scores(self.press, *args, self.spans),
+            "ranking": lambda: policy.ranking_scores(self.press, *args),
+            "local": lambda: policy.local_scores(self.press, *args, self.spans),
         }
         indices = choose(
             lambda kind: scorers[kind](),
@@ -70,7 +69,7 @@ class RecordingPress(BasePress):
             self.spans,
             self.protected,
             self.keep_only_whitelist,
-            reserved_positions(self.press, n),
+            policy.reserved_positions(self.press, n),
         ).to(keys.device)
         keys, values, self.kept[module.layer_idx] = gather_kept(keys, values, indices)
         return keys, values

@@ -1,12 +1,12 @@
 """Scores that rank prefix tokens: the base policy's, and the span-local ones of fair eviction (Appendix F).
 
-``ranking_scores`` is the base policy's score with one change: StreamingLLM's kvpress score is 1 for sinks and
-window and 0 elsewhere, which ties once a whitelist or a per-span budget asks for fewer tokens than the window holds;
-we rank by position instead (sinks first, then recency), which keeps exactly kvpress's set at its own budget and
-"the most recent tokens" at any other.
+A policy ranks by its press's score with one change (``streaming_scores``, StreamingLLM's ``rank`` in the registry):
+StreamingLLM's kvpress score is 1 for sinks and window and 0 elsewhere, which ties once a whitelist or a per-span
+budget asks for fewer tokens than the window holds; we rank by position instead (sinks first, then recency), which
+keeps exactly kvpress's set at its own budget and "the most recent tokens" at any other.
 
-``span_local_scores`` implements the per-policy adaptations of Appendix F so that one span's queries never score
-another span's keys. Scores are only compared within a span. Shapes: attentions (batch, heads, n, n); scores
+The span-local scores implement the per-policy adaptations of Appendix F so that one span's queries never score
+another span's keys (each policy's ``local`` in ``fairkv.core.presses.registry``). Scores are only compared within a span. Shapes: attentions (batch, heads, n, n); scores
 (batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
 
 Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
@@ -19,8 +19,8 @@ names the spans, not how the header and suffix are split). Measured on Fig 9's H
 Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99.3% of the kept positions are the same,
 refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
 
-Beyond the paper, every other score-once press of the catalogue (``registry.CATALOG``) gets its span-local scores by
-the catalogue's ``scoring`` column:
+Beyond the paper, every other score-once policy of the registry gets its span-local scores by its ``scoring`` kind
+(``registry.KIND_SCORERS``):
 
 - "independent" (a token's score reads only that token: K-Norm, Random): the press's own score is already local;
 - "cross-token" (the score reads other tokens' queries, keys or values): each span is scored as a prompt of its own
@@ -32,40 +32,23 @@ the catalogue's ``scoring`` column:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
-import kvpress
 import torch
 import torch.nn.functional as F
-from kvpress import KnormPress, ObservedAttentionPress, ScorerPress, SnapKVPress, StreamingLLMPress, TOVAPress
+from kvpress import ScorerPress, SnapKVPress, StreamingLLMPress
 
 from fairkv.core.presses.budget import window_split
-from fairkv.core.presses.registry import CATALOG, SCORE_ONCE
 
 Spans = Sequence[tuple[int, int]]
 
 
-def _streaming_scores(press: StreamingLLMPress, keys: torch.Tensor) -> torch.Tensor:
+def streaming_scores(press: StreamingLLMPress, keys: torch.Tensor) -> torch.Tensor:
     """Sinks first (+inf), then later positions higher: top-k keeps the sinks and the most recent tokens."""
     batch, heads, n, _ = keys.shape
     scores = torch.arange(n, dtype=torch.float32, device=keys.device).expand(batch, heads, n).clone()
     scores[..., : press.n_sink] = float("inf")
     return scores
-
-
-def reserved_positions(press: ScorerPress, n: int) -> tuple[int, ...]:
-    """Positions the policy keeps whatever the budget, outside fair eviction's split: StreamingLLM's sinks
-    (Appendix F.3: "keep the sinks, then the most recent b_X tokens of span X and the most recent b_Y of span Y")."""
-    return tuple(range(min(press.n_sink, n))) if isinstance(press, StreamingLLMPress) else ()
-
-
-def ranking_scores(
-    press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs
-) -> torch.Tensor:  # 7 parameters: the press and kvpress's score arguments
-    """The base policy's scores (batch, kv_heads, n), with StreamingLLM expressed as a ranking (see module doc)."""
-    if isinstance(press, StreamingLLMPress):
-        return _streaming_scores(press, keys)
-    return press.score(module, hidden_states, keys, values, attentions, kwargs)
 
 
 def _need_attentions(attentions, policy: str) -> torch.Tensor:
@@ -80,7 +63,7 @@ def _group_mean(scores: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return scores.view(batch, kv_heads, heads // kv_heads, length).mean(2)
 
 
-def _snapkv_local(press: SnapKVPress, keys, attentions, spans: Spans) -> torch.Tensor:
+def snapkv_local(press: SnapKVPress, keys, attentions, spans: Spans) -> torch.Tensor:
     """F.4: window W split across spans; span k's last W_k queries vote over span k's keys before its window,
     mean over the window queries, pooled (kernel) inside the span, window tokens ranked first."""
     attentions = _need_attentions(attentions, "SnapKV")
@@ -99,7 +82,7 @@ def _snapkv_local(press: SnapKVPress, keys, attentions, spans: Spans) -> torch.T
     return scores
 
 
-def _h2o_local(keys, attentions, spans: Spans) -> torch.Tensor:
+def h2o_local(keys, attentions, spans: Spans) -> torch.Tensor:
     """F.5: attention from another span's queries is zeroed; each key's score is the mean attention it receives
     from the causal queries of its own span, divided by their actual number (end - position)."""
     attentions = _need_attentions(attentions, "H2O")
@@ -112,7 +95,7 @@ def _h2o_local(keys, attentions, spans: Spans) -> torch.Tensor:
     return scores
 
 
-def _tova_local(keys, attentions, spans: Spans) -> torch.Tensor:
+def tova_local(keys, attentions, spans: Spans) -> torch.Tensor:
     """F.7: one anchor per span (its last token) scores the span's earlier keys; mean over heads; anchor first."""
     attentions = _need_attentions(attentions, "TOVA")
     batch, kv_heads, n, _ = keys.shape
@@ -125,7 +108,7 @@ def _tova_local(keys, attentions, spans: Spans) -> torch.Tensor:
     return scores
 
 
-def _knorm_local(
+def knorm_local(
     press, module, hidden_states, keys, values, attentions, kwargs, spans
 ) -> torch.Tensor:  # 8 parameters: kvpress's score arguments and the spans
     """F.6: K-Norm has no cross-token interaction; its scores are unchanged, only the budget split differs."""
@@ -183,35 +166,3 @@ def independent_scores(
     press, module, hidden_states, keys, values, attentions, kwargs, spans
 ) -> torch.Tensor:  # 8 parameters: kvpress's score arguments and the spans
     return press.score(module, hidden_states, keys, values, None, kwargs)
-
-
-LocalScorer = Callable[..., torch.Tensor]
-LOCAL_SCORERS: dict[type, LocalScorer] = {
-    StreamingLLMPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _streaming_scores(press, keys),
-    SnapKVPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _snapkv_local(
-        press, keys, attn, spans
-    ),
-    ObservedAttentionPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _h2o_local(
-        keys, attn, spans
-    ),
-    TOVAPress: lambda press, module, hidden, keys, values, attn, kwargs, spans: _tova_local(keys, attn, spans),
-    KnormPress: _knorm_local,
-    # the catalogue's other score-once presses, by their ``scoring``
-    **{
-        getattr(kvpress, e.name): independent_scores if e.scoring == "independent" else span_as_prompt
-        for e in CATALOG.values()
-        if e.backend == SCORE_ONCE and not e.paper
-    },
-}
-
-
-def span_local_scores(
-    press: ScorerPress, module, hidden_states, keys, values, attentions, kwargs, spans: Spans
-):  # 8 parameters: kvpress's score arguments and the spans
-    """Appendix F's span-local scores (batch, kv_heads, n) of ``press`` for the given token spans."""
-    scorer = LOCAL_SCORERS.get(type(press))
-    if scorer is None:
-        raise TypeError(
-            f"no span-local scoring for {type(press).__name__}; known: {[t.__name__ for t in LOCAL_SCORERS]}"
-        )
-    return scorer(press, module, hidden_states, keys, values, attentions, kwargs, spans)

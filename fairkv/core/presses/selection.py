@@ -6,8 +6,8 @@ engine (which scores once and cuts the same scores at many ratios). It asks for 
 (batch, kv_heads, n), computed or looked up by the caller:
 
 - "press": the kvpress press's own score (the base variant is exactly ``ScorerPress.compress``);
-- "ranking": the same ranking, with StreamingLLM's ties broken by recency (``scoring.ranking_scores``);
-- "local": Appendix F's span-local scores (``scoring.span_local_scores``).
+- "ranking": the same ranking, with StreamingLLM's ties broken by recency (``Policy.ranking_scores``, ``fairkv.core.presses.registry``);
+- "local": Appendix F's span-local scores (``Policy.local_scores``).
 
 Whitelist: the whitelisted positions are always kept (before StreamingLLM's sinks, which it also scores +inf) and the
 policy ranks the rest, so the kept count stays exactly ``compute_n_kept``; a whitelist larger than the budget is an error unless ``keep_only_whitelist`` (then only the
@@ -88,7 +88,7 @@ def choose(  # 9 parameters: a setting's fields and the prompt's spans
     """Indices (batch, kv_heads, n_kept) to keep for a prefix of ``shape`` = (batch, kv_heads, n).
 
     ``reserved``: positions the policy always keeps and fair eviction keeps outside its split (StreamingLLM's sinks,
-    ``scoring.reserved_positions``); the whitelist comes before them when the budget cannot hold both."""
+    ``Policy.reserved_positions``); the whitelist comes before them when the budget cannot hold both."""
     batch, heads, n = shape
     check_variant(variant)
     n_kept = compute_n_kept(n, ratio)
