@@ -7,6 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import kvpress
+
+from fairkv.core.presses import registry
 from fairkv.runs.fingerprint import PACKAGE
 
 LAYERS = {"core": 0, "runs": 1, "report": 2, "audit": 2, "studies": 3}
@@ -123,3 +126,45 @@ def test_the_size_check_catches_what_it_looks_for():
     assert oversized("class C:\n    def f(self, a, b, c, d, e, f):\n        return a\n") == []  # self not counted
     assert oversized("def f():\n" + "    x = 1\n" * 60) == ["<module>:1 f: 0 parameters, 61 lines"]
     assert oversized("x = 1\n" * 451) == ["<module>: 451 lines"]
+
+
+# issue 69: each policy is one object of the registry (fairkv/core/presses/registry.py); the code rows run through
+# asks a policy, never checks a press's class or a policy's key
+ENGINE = ("core", "runs")
+PRESS_CLASSES = {name for name in dir(kvpress) if name.endswith("Press")} - {"BasePress", "ScorerPress"}
+
+
+def branches_on_a_policy(source: str) -> list[str]:
+    """Where ``source`` checks a kvpress press's class (``isinstance``, ``type(...) is``) or compares a value with a
+    policy's key."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+            named = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node.args[1])}
+            found += [f"{node.lineno}: isinstance of {name}" for name in sorted(named & PRESS_CLASSES)]
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = {getattr(n, "id", None) or getattr(n, "attr", None) for side in sides for n in ast.walk(side)}
+            found += [f"{node.lineno}: compared with {name}" for name in sorted(named & PRESS_CLASSES)]
+            keys = {side.value for side in sides if isinstance(side, ast.Constant)} & set(registry.REGISTRY)
+            found += [f"{node.lineno}: compared with {key!r}" for key in sorted(keys)]
+    return found
+
+
+def test_no_code_rows_run_through_branches_on_a_policy():
+    engine = [p for p in sorted(PACKAGE.rglob("*.py")) if str(p.relative_to(PACKAGE)).split("/")[0] in ENGINE]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{where}"
+        for path in engine
+        if path != PACKAGE / "core" / "presses" / "registry.py"
+        for where in branches_on_a_policy(path.read_text())
+    ]
+    assert found == [], "a policy's behaviour belongs to its registry.Policy:\n" + "\n".join(found)
+
+
+def test_the_policy_check_catches_what_it_looks_for():
+    assert branches_on_a_policy("isinstance(press, StreamingLLMPress)") == ["1: isinstance of StreamingLLMPress"]
+    assert branches_on_a_policy("isinstance(p, (kvpress.SnapKVPress, X))") == ["1: isinstance of SnapKVPress"]
+    assert branches_on_a_policy("type(press) is TOVAPress") == ["1: compared with TOVAPress"]
+    assert branches_on_a_policy("if policy != 'streamingllm': pass") == ["1: compared with 'streamingllm'"]
+    assert branches_on_a_policy("isinstance(press, ScorerPress) and policy.key == key") == []

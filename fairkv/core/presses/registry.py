@@ -97,13 +97,17 @@ class Policy:
         """The press's class name, as kvpress lists it."""
         return self.cls.__name__
 
-    def ranking_scores(self, press, module, hidden_states, keys, values, attentions, kwargs) -> torch.Tensor:
+    def ranking_scores(  # 7 parameters: the press and kvpress's score arguments
+        self, press, module, hidden_states, keys, values, attentions, kwargs
+    ) -> torch.Tensor:
         """The policy's ranking (batch, kv_heads, n): the press's own score, or ``rank``."""
         if self.rank is not None:
             return self.rank(press, keys)
         return press.score(module, hidden_states, keys, values, attentions, kwargs)
 
-    def local_scores(self, press, module, hidden_states, keys, values, attentions, kwargs, spans) -> torch.Tensor:
+    def local_scores(  # 8 parameters: the press, kvpress's score arguments and the spans
+        self, press, module, hidden_states, keys, values, attentions, kwargs, spans
+    ) -> torch.Tensor:
         """Appendix F's span-local scores (batch, kv_heads, n) for the given token spans."""
         scorer = self.local or (KIND_SCORERS.get(self.scoring) if self.backend == SCORE_ONCE else None)
         if scorer is None:
