@@ -1,7 +1,8 @@
 """Beyond the paper: eviction bias across every kvpress press (notebook 12, the press atlas).
 
-The paper measures five policies (Section 4). kvpress exports many more presses; the press catalogue
-(``presses.registry``: ``REGISTRY`` and ``NOT_RUN``) names every one of them with how it runs, or why it cannot run here (``skipped``).
+The paper measures five policies (Section 4). kvpress exports many more presses; the registry of policies
+(``presses.registry``: ``REGISTRY`` and ``NOT_RUN``) names every one of them with how it runs, or why it cannot run
+here (``skipped``).
 
 Keep rates come from one prefill per prompt (``keep_rates``): kvpress compresses a layer's cache in a hook after that
 layer's attention, so the hook's inputs never depend on the press, and the collector calls every press's own

@@ -334,7 +334,7 @@ def run(
     """Compute what the store lacks for ``grid`` and return the grid's rows (one per prompt, order, setting label
     and query; r = 0 rows repeated under every policy and variant), through ``runner.run``.
 
-    Any press of the catalogue is a policy (``presses.registry.REGISTRY``); each setting is built by its press's
+    Any press of the registry is a policy (``presses.registry.REGISTRY``); each setting is built by its press's
     backend. ``executor``: "serial" (this process; ``lm`` reuses a loaded model), "ray" (a Ray cluster:
     ``RAY_ADDRESS`` or a local one), or a spec (``{"kind": "ray", "address": ..., "workers": ...}``, see
     ``fairkv.runs.executors``). ``wait``: when another process computes the same store, wait for it and reuse its rows

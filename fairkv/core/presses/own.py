@@ -1,12 +1,13 @@
-"""A press of one's own (issue 54, item 4): a press written in fairkv, or a user's, in the catalogue beside kvpress's.
+"""A press of one's own (issue 54, item 4): a press written in fairkv, or a user's, in the registry beside kvpress's.
 
 ``register`` puts a kvpress ``ScorerPress`` (or any ``BasePress`` for the per-setting backend) in the one registry of
 policies (``registry.REGISTRY``) the way kvpress's own are declared there: after it, the press is a policy like the
 paper's five (by its key: the label in lower case), so grids, the engine, the atlas, the operative words and the audit
 take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent" (a token's
 own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the registry
-applies to every cross-token scorer, ``registry.KIND_SCORERS``). A score-once press must score without reading the ratio or drawing
-random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with ``backend=PER_SETTING``.
+applies to every cross-token scorer, ``registry.KIND_SCORERS``). A score-once press must score without reading the
+ratio or drawing random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with
+``backend=PER_SETTING``.
 
 The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a
 registered press carries a hash of its class's source (``source_hash``) and every cell id of its rows holds it

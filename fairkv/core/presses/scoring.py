@@ -6,8 +6,8 @@ budget asks for fewer tokens than the window holds; we rank by position instead 
 keeps exactly kvpress's set at its own budget and "the most recent tokens" at any other.
 
 The span-local scores implement the per-policy adaptations of Appendix F so that one span's queries never score
-another span's keys (each policy's ``local`` in ``fairkv.core.presses.registry``). Scores are only compared within a span. Shapes: attentions (batch, heads, n, n); scores
-(batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
+another span's keys (each policy's ``local`` in ``fairkv.core.presses.registry``). Scores are only compared within a
+span. Shapes: attentions (batch, heads, n, n); scores (batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
 
 Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
 is the last prompt token. Here each span's window and anchor are the span's own tail (Appendix F.4, F.7) for any
