@@ -15,6 +15,7 @@ import argparse
 import pandas as pd
 
 from fairkv.core import data, generation, metrics, models, prompts
+from fairkv.core.presses import Setting
 
 SETTINGS = [(None, 0.0)] + [(p, r) for p in ("streamingllm", "snapkv") for r in (0.3, 0.5, 0.7)]
 
@@ -29,7 +30,9 @@ def measure(model: str, n: int, max_new_tokens: int, orders: list[str]) -> pd.Da
             prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
             query = prompt.query_ids(attack)
             for policy, ratio in SETTINGS:
-                reply = generation.answer(lm, generation.compress(lm, prompt, policy, ratio), query, max_new_tokens)
+                reply = generation.answer(
+                    lm, generation.compress(lm, prompt, Setting(policy, ratio=ratio)), query, max_new_tokens
+                )
                 leaks = {name: metrics.leakage(ref, reply.text) for name, ref in prompt.references.items()}
                 rows.append(
                     {

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from fairkv.core import data, generation, metrics, models, prompts, score_once
-from fairkv.core.presses import rates, registry
+from fairkv.core.presses import Setting, rates, registry
 from fairkv.report import verdicts
 
 AUTHORS = "authors'"
@@ -88,7 +88,7 @@ def measure(model: str, dtype: str, n: int, ratios: tuple[float, ...], max_new_t
         ours = score_once.prefill(lm, prompt, ("h2o",))
         for ratio in ratios:
             cuts = {
-                scorer: score_once.cut(prefilled, "h2o", ratio, "fair")
+                scorer: score_once.cut(prefilled, Setting("h2o", ratio=ratio, variant="fair"))
                 for scorer, prefilled in (("ours", ours), (AUTHORS, theirs))
             }
             for scorer, cut in cuts.items():

@@ -14,7 +14,7 @@ import argparse
 import pandas as pd
 
 from fairkv.core import data, generation, metrics, models, prompts
-from fairkv.core.presses import MITIGATIONS, PAPER, get_policy
+from fairkv.core.presses import MITIGATIONS, PAPER, Setting, get_policy
 
 
 def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
@@ -27,7 +27,7 @@ def measure(model: str, n: int, ratio: float) -> pd.DataFrame:
             prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order=order)
             for policy in PAPER:
                 for variant in MITIGATIONS:
-                    kept = generation.compress(lm, prompt, policy, ratio, variant).kept
+                    kept = generation.compress(lm, prompt, Setting(policy, ratio=ratio, variant=variant)).kept
                     rates = metrics.keep_rates(kept, prompt.spans, prompt.n_tokens)
                     rows.append({"order": order, "policy": get_policy(policy).label, "variant": variant, **rates})
     return pd.DataFrame(rows)

@@ -25,7 +25,7 @@ import time
 import torch
 
 from fairkv.core import data, generation, models, prompts, score_once
-from fairkv.core.presses import PAPER, rates
+from fairkv.core.presses import PAPER, Setting, rates
 from fairkv.runs import experiment
 
 
@@ -36,7 +36,7 @@ def plain_loop(lm, records, templates, attack, policies, ratios, budgets):
         prompt = prompts.paper_prompt(lm.tokenizer, record, templates, order="normal")
         for policy in policies:
             for ratio in ratios:
-                compressed = generation.compress(lm, prompt, policy, ratio)
+                compressed = generation.compress(lm, prompt, Setting(policy, ratio=ratio))
                 for query, text in (("benign", record.user), ("attack", attack)):
                     reply = generation.answer(lm, compressed, prompt.query_ids(text), budgets[query])
                     responses[(record.key, policy, ratio, query)] = reply.text
@@ -81,11 +81,11 @@ def matmul_limit(lm, batch: int, repeats: int = 5) -> float:
 
 def keep_rate_sweep(lm, prompt, ratios):
     start = time.perf_counter()
-    pressed = {(p, r): generation.compress(lm, prompt, p, r).kept for p in PAPER for r in ratios}
+    pressed = {(p, r): generation.compress(lm, prompt, Setting(p, ratio=r)).kept for p in PAPER for r in ratios}
     press_s = time.perf_counter() - start
     start = time.perf_counter()
     prefilled = score_once.prefill(lm, prompt, PAPER)
-    cut = {(p, r): score_once.cut(prefilled, p, r).kept for p in PAPER for r in ratios}
+    cut = {(p, r): score_once.cut(prefilled, Setting(p, ratio=r)).kept for p in PAPER for r in ratios}
     cut_s = time.perf_counter() - start
     identical = all(torch.equal(cut[k][layer], pressed[k][layer]) for k in pressed for layer in pressed[k])
     keep = {k: rates.keep_rates(v, prompt.spans, prompt.n_tokens) for k, v in cut.items()}

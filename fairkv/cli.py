@@ -326,7 +326,7 @@ def run_store(action: str, paths: list[Path]) -> int:
         store = ResultsStore(path)
         try:
             actions = {
-                "check": lambda: store.check(fingerprint.versions()),
+                "check": lambda: store.check(lambda row: fingerprint.expected(fingerprint.versions(), row)),
                 "compact": store.compact,
                 "seal": store.seal,
             }

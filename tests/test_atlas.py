@@ -9,7 +9,7 @@ from kvpress import BasePress
 
 from fairkv import studies
 from fairkv.core import data, prompts, score_once
-from fairkv.core.presses import kept, rates, registry
+from fairkv.core.presses import PAPER, PolicyError, Setting, kept, rates, registry
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE
@@ -30,15 +30,15 @@ def test_the_registry_names_every_kvpress_press_with_how_or_why_not():
         assert policy.scoring in ("independent", "cross-token", "wrapper of SnapKV"), policy.name
         assert isinstance(policy.build(0.5), policy.cls), policy.name
     assert len(registry.runnable()) >= 20
-    assert [registry.REGISTRY[k].label for k in registry.PAPER] == ["StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"]
+    assert [registry.REGISTRY[k].label for k in PAPER] == ["StreamingLLM", "H2O", "SnapKV", "TOVA", "K-Norm"]
     assert set(atlas.skipped()["press"]) == set(registry.NOT_RUN)
 
 
 def test_runnable_names_the_reason_for_a_press_it_cannot_run():
     assert [e.label for e in registry.runnable(["KeyDiffPress", "SnapKV"])] == ["KeyDiff", "SnapKV"]
-    with pytest.raises(registry.PolicyError, match="Hugging Face hub"):
+    with pytest.raises(PolicyError, match="Hugging Face hub"):
         registry.runnable(["QFilterPress"])
-    with pytest.raises(registry.PolicyError, match="unknown press 'Nope'"):
+    with pytest.raises(PolicyError, match="unknown press 'Nope'"):
         registry.runnable(["Nope"])
 
 
@@ -52,7 +52,7 @@ def test_kept_mask_reads_gathered_keys_and_masked_indices():
     masked = (torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([2, 5]))
     assert kept.kept_mask(keys, keys, masked)[0, :, 2].tolist() == [False, True]
     assert kept.kept_mask(keys, keys).all()
-    with pytest.raises(registry.PolicyError, match="not copies"):
+    with pytest.raises(PolicyError, match="not copies"):
         kept.kept_mask(keys, gathered + 1e-3)
 
 
@@ -95,7 +95,7 @@ def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
     policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
     prefilled = score_once.prefill(smollm, normal_prompt, policies)
     for entry, policy in zip(entries, policies):
-        cut = score_once.cut(prefilled, policy, 0.5)
+        cut = score_once.cut(prefilled, Setting(policy, ratio=0.5))
         expected = rates.keep_rates(cut.kept, normal_prompt.spans, normal_prompt.n_tokens)
         assert atlas_rates[(entry.label, 0.5)][0] == pytest.approx(expected, abs=1e-6), entry.label
 

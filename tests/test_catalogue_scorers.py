@@ -8,8 +8,9 @@ from kvpress import BasePress
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from fairkv.core import prompts, score_once
-from fairkv.core.presses import rates, registry
-from fairkv.core.presses.registry import PER_SETTING, SCORE_ONCE, runnable
+from fairkv.core.presses import Setting, rates, registry
+from fairkv.core.presses.policy import KIND_SCORERS, PER_SETTING, SCORE_ONCE
+from fairkv.core.presses.registry import runnable
 from fairkv.core.presses.scoring import shift_keys, span_as_prompt
 from fairkv.runs import experiment, fingerprint, studies
 
@@ -31,7 +32,7 @@ def test_every_runnable_press_has_a_backend_and_each_score_once_one_its_local_sc
     assert {e.name for e in runnable() if e.backend == PER_SETTING} >= {"LeverageScorePress", "CompactorPress"}
     assert all(e.backend in (SCORE_ONCE, PER_SETTING) for e in runnable())
     assert all(registry.policy_of(registry.make_press(key, 0.5)).key == key for key in registry.REGISTRY)
-    assert {registry.KIND_SCORERS[registry.REGISTRY[key].scoring] for key in SCORERS} == {span_as_prompt}
+    assert {KIND_SCORERS[registry.REGISTRY[key].scoring] for key in SCORERS} == {span_as_prompt}
 
 
 def test_shift_keys_is_the_rotation_of_the_earlier_position():
@@ -127,12 +128,14 @@ def test_the_catalogue_scorers_take_the_variants_in_the_engine(smollm, normal_pr
     prefilled = score_once.prefill(smollm, normal_prompt, tuple(SCORERS))
     n = normal_prompt.n_tokens
     for policy in SCORERS:
-        base = rates.keep_rates(score_once.cut(prefilled, policy, 0.5).kept, normal_prompt.spans, n)
-        fair = rates.keep_rates(score_once.cut(prefilled, policy, 0.5, "fair").kept, normal_prompt.spans, n)
+        base = rates.keep_rates(score_once.cut(prefilled, Setting(policy, ratio=0.5)).kept, normal_prompt.spans, n)
+        fair = rates.keep_rates(
+            score_once.cut(prefilled, Setting(policy, ratio=0.5, variant="fair")).kept, normal_prompt.spans, n
+        )
         for span in normal_prompt.spans:
             assert abs(fair[span.name] - 0.5) <= 1.5 / len(span), (policy, span.name, fair)
         assert abs(base["defense"] - base["directive"]) >= abs(fair["defense"] - fair["directive"]), policy
-        kept = score_once.cut(prefilled, policy, 0.5, "whitelist").kept
+        kept = score_once.cut(prefilled, Setting(policy, ratio=0.5, variant="whitelist")).kept
         for indices in kept.values():
             assert set(normal_prompt.protected) <= set(indices[0, 0].tolist()), policy
 

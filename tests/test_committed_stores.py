@@ -1,6 +1,6 @@
 """Every committed results store matches the code that reads it (issue 49): the rows of each store under ``results/``
 carry the versions this checkout stamps on their kind of row (the sweep's, the atlas's keep rates', the judge's:
-fingerprint and libraries), so that a fresh clone's ``make reproduce`` renders them instead of stopping at a stale
+fingerprint, the stamp of the press each row ran, and libraries), so that a fresh clone's ``make reproduce`` renders them instead of stopping at a stale
 row. An edit of code that rows run through fails here, naming each store and the command that verifies and
 restamps it."""
 
@@ -26,13 +26,14 @@ def stale(store: ResultsStore) -> str | None:
     rows = list(store.rows().values())
     kind = verify.kind_of(store.path, rows)
     now = kind.versions()
-    code = Counter(verify.stamp(row["versions"]) for row in rows if verify.stamp(row["versions"]) != verify.stamp(now))
+    # rows of other code, or of another press stamp (issue 69), by the code stamp ``fairkv restamp --was`` takes
+    code = Counter(verify.stamp(row["versions"]) for row in rows if not verify.current(row, now))
     libraries = sorted(
         {name for row in rows for name in now if name not in verify.STAMPS and row["versions"].get(name) != now[name]}
     )
     where = f"{store.path.relative_to(REPO_ROOT)} ({kind.name})"
     if code:
-        stamps = ", ".join(f"{n} rows of code {stamp}" for stamp, n in code.items())
+        stamps = ", ".join(f"{n} rows of code {stamp} without this checkout's stamps" for stamp, n in code.items())
         return (
             f"{where}: {stamps}, this checkout's code is {verify.stamp(now)}; verify and restamp: "
             f"`fairkv restamp {store.path.relative_to(REPO_ROOT)} --was {next(iter(code))}`"

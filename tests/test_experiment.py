@@ -8,7 +8,8 @@ import pytest
 
 from fairkv.core import score_once
 from fairkv.runs import experiment, studies
-from fairkv.runs.experiment import GridError, Setting, canonical
+from fairkv.core.presses import Setting, canonical
+from fairkv.runs.experiment import GridError
 from fairkv.runs.store import ResultsStore, StoreError
 
 

@@ -4,11 +4,13 @@ row reaches keep it; an edit of code a row runs changes it (``fairkv.runs.finger
 from __future__ import annotations
 
 import re
+import runpy
 import shutil
 from pathlib import Path
 
 import pytest
 
+from fairkv.core.presses import registry
 from fairkv.runs import fingerprint
 
 KINDS = {
@@ -80,17 +82,13 @@ def test_a_pure_move_keeps_it(package):
 
 def test_code_no_row_reaches_keeps_it(package):
     """An edit of the atlas's patterns, of a function in the atlas's module that no row runs, or of an error's text
-    keeps every fingerprint; an edit of the keep-rate collector changes the atlas's only (the sweep never runs it)."""
+    keeps every fingerprint; an edit of the atlas's keep rates changes the atlas's only (the sweep never runs them)."""
     before = prints()
     edit(package / "report" / "press_patterns.py", "def pattern(table", "def pattern_renamed(table")
     edit(package / "runs" / "atlas.py", "def describe(chosen: Plan, rows", "def describe(chosen, rows")
     edit(package / "runs" / "studies.py", 'f"unknown profile {name!r}', 'f"no profile {name!r}')
     assert prints() == before
-    edit(
-        package / "core" / "presses" / "rates.py",
-        "def span_rates(masks: list[torch.Tensor], spans)",
-        "def span_rates(masks: list, spans)",
-    )
+    edit(package / "runs" / "atlas.py", 'failed = {span.name: float("nan")', 'failed = {span.name: float("inf")')
     after = prints()
     assert after["atlas"] != before["atlas"] and after["sweep"] == before["sweep"]
 
@@ -160,3 +158,47 @@ def test_a_scale_keeps_every_fingerprint_and_scoring_code_changes_it(package):
     edit(package / "runs" / "judge.py", "LEAK_SCORE = 2", "LEAK_SCORE = 3")
     judged = prints()
     assert judged["judge"] != scored["judge"] and judged["sweep"] == scored["sweep"]
+
+
+def stamps() -> dict[str, str]:
+    """Every policy's press stamp, beside the code fingerprints of each kind of row."""
+    return {**prints(), **{key: fingerprint.press_stamp(key) for key in registry.REGISTRY}}
+
+
+def test_adding_a_press_keeps_every_other_stamp(package):
+    """One binding more in the declarations (issue 69): every kind of row's fingerprint and every other press's stamp
+    stay, and the new press is stamped by its own binding."""
+    before = stamps()
+    declarations = package / "core" / "presses" / "policies.py"
+    edit(
+        declarations,
+        "\n# the one registry:",
+        '\nKEYDIFF_AGAIN = _scorer("KeyDiffPress", "KeyDiffAgain", "cross-token")\n\n# the one registry:',
+    )
+    assert stamps() == before
+    assert "keydiffagain" in runpy.run_path(str(declarations))["REGISTRY"]  # the binding alone registers it
+    assert fingerprint.of((f"{fingerprint.DECLARATIONS}:KEYDIFF_AGAIN",)) not in before.values()
+
+
+def test_editing_one_press_moves_only_its_stamp(package):
+    """An edit of SnapKV's span-local score (Appendix F.4) moves SnapKV's stamp alone: no code fingerprint, no other
+    press's; an edit of the selection every press runs moves the code's fingerprints and no press stamp."""
+    before = stamps()
+    edit(package / "core" / "presses" / "scoring.py", "votes.max() + 1", "votes.max() + 2")
+    after = stamps()
+    assert {name for name in before if after[name] != before[name]} == {"snapkv"}
+    edit(package / "core" / "presses" / "selection.py", "or setting.lam == 0.0", "or setting.lam <= 0.0")
+    moved = {name for name, value in stamps().items() if value != after[name]}
+    assert moved == {"sweep", "operative"}  # the atlas keeps the base selection alone
+
+
+def test_a_row_carries_the_stamp_of_its_press():
+    """A grid's row names its press by key, the atlas's by label: both read the same stamp; the uncompressed cache
+    (policy "none") carries none."""
+    versions = {"code": "c"}
+    snapkv = fingerprint.press_stamp("snapkv")
+    assert fingerprint.expected(versions, {"policy": "snapkv"}) == {"code": "c", "press": snapkv}
+    assert fingerprint.expected(versions, {"press": "SnapKV"}) == {"code": "c", "press": snapkv}
+    assert fingerprint.expected(versions, {"policy": "none"}) == versions
+    assert fingerprint.expected(versions, {"judged": "cell"}) == versions
+    assert len({fingerprint.press_stamp(key) for key in registry.REGISTRY}) == len(registry.REGISTRY)

@@ -11,7 +11,17 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from fairkv.core import generation, prompts, score_once
-from fairkv.core.presses import PAPER, PolicyError, SpanError, WhitelistError, build_press, get_policy, make_press
+from fairkv.core.presses import (
+    PAPER,
+    Marks,
+    Setting,
+    SpanError,
+    VariantError,
+    WhitelistError,
+    build_press,
+    get_policy,
+    make_press,
+)
 from fairkv.core.presses.budget import BudgetError, apportion, fair_budgets, window_split
 from fairkv.core.presses.registry import policy_of
 from fairkv.core.presses.selection import check_spans, choose
@@ -21,7 +31,7 @@ VARIANTS = [("whitelist", 1.0), ("fair", 0.0), ("fair", 0.5), ("fair", 1.0), ("f
 
 
 def kept_sets(lm, prompt, policy, ratio, variant="base", lam=1.0):
-    return generation.compress(lm, prompt, policy, ratio, variant, lam).kept
+    return generation.compress(lm, prompt, Setting(policy, ratio=ratio, variant=variant, lam=lam)).kept
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +54,11 @@ def fair_target(span, n: int, n_kept: int, reserved) -> float:
 def test_variant_matrix(prefilled, normal_prompt, policy, ratio):
     prompt = normal_prompt
     n, n_kept = prompt.n_tokens, compute_n_kept(prompt.n_tokens, ratio)
-    base = score_once.cut(prefilled, policy, ratio).kept
+    base = score_once.cut(prefilled, Setting(policy, ratio=ratio)).kept
     protected = torch.tensor(prompt.protected)
     reserved = get_policy(policy).reserved_positions(make_press(policy, ratio), n)
     for variant, lam in VARIANTS:
-        kept = score_once.cut(prefilled, policy, ratio, variant, lam).kept
+        kept = score_once.cut(prefilled, Setting(policy, ratio=ratio, variant=variant, lam=lam)).kept
         for layer, indices in kept.items():
             assert indices.shape[-1] == n_kept, (variant, lam, layer)
             for h, head in enumerate(indices[0]):
@@ -133,8 +143,10 @@ def test_span_local_scoring_ignores_the_other_span(smollm, policy):
 def test_variant_caches_answer_as_the_engine_cuts(smollm, normal_prompt, attack, variant):
     """The press path's cache (keys and values, not only the kept indices) answers token for token as the engine's
     cut of the same variant; SnapKV: a scorer that reads other tokens' queries, so fair eviction scores span-locally."""
-    pressed = generation.compress(smollm, normal_prompt, "snapkv", 0.5, variant)
-    cut = score_once.cut(score_once.prefill(smollm, normal_prompt, ("snapkv",)), "snapkv", 0.5, variant)
+    pressed = generation.compress(smollm, normal_prompt, Setting("snapkv", ratio=0.5, variant=variant))
+    cut = score_once.cut(
+        score_once.prefill(smollm, normal_prompt, ("snapkv",)), Setting("snapkv", ratio=0.5, variant=variant)
+    )
     query = normal_prompt.query_ids(attack)
     from_press, from_cut = (generation.answer(smollm, c, query, 16) for c in (pressed, cut))
     assert from_press.n_tokens == 16 or from_press.token_ids[-1] == smollm.tokenizer.eos_token_id
@@ -178,11 +190,8 @@ def test_whitelist_is_kept_before_the_sinks(variant):
     indices = choose(
         scores.get,
         (1, 2, n),
-        ratio,
-        variant,
-        1.0,
-        spans,
-        protected,
+        Setting("streamingllm", variant, ratio=ratio),
+        Marks(spans, protected),
         reserved=policy_of(press).reserved_positions(press, n),
     )
     for head in indices[0].tolist():
@@ -195,26 +204,28 @@ def test_whitelist_errors_and_opt_in(smollm, normal_prompt):
     n = normal_prompt.n_tokens
     too_high = 1 - (len(normal_prompt.protected) - 1) / n  # budget one token short of the whitelist
     with pytest.raises(WhitelistError, match="exceeds the budget"):
-        generation.compress(smollm, normal_prompt, "snapkv", too_high, "whitelist")
-    kept = generation.compress(smollm, normal_prompt, "snapkv", too_high, "whitelist", keep_only_whitelist=True).kept
+        generation.compress(smollm, normal_prompt, Setting("snapkv", ratio=too_high, variant="whitelist"))
+    kept = generation.compress(
+        smollm, normal_prompt, Setting("snapkv", ratio=too_high, variant="whitelist"), keep_only_whitelist=True
+    ).kept
     for indices in kept.values():
         assert indices[0, 0].tolist() == list(normal_prompt.protected)
     no_phrase = prompts.build_prompt(smollm.tokenizer, [("a", "Be brief and kind in every single answer you give.")])
     with pytest.raises(WhitelistError, match="phrase was not found"):
-        generation.compress(smollm, no_phrase, "knorm", 0.5, "whitelist")
+        generation.compress(smollm, no_phrase, Setting("knorm", ratio=0.5, variant="whitelist"))
 
 
 def test_bad_spans_lam_and_variant():
     with pytest.raises(SpanError, match="overlapping"):
-        build_press("knorm", 0.5, "fair", spans=[(0, 10), (8, 20)])
+        build_press(Setting("knorm", "fair", ratio=0.5), Marks(spans=[(0, 10), (8, 20)]))
     with pytest.raises(SpanError, match="gap"):
-        build_press("knorm", 0.5, "fair", spans=[(0, 10), (12, 20)])
+        build_press(Setting("knorm", "fair", ratio=0.5), Marks(spans=[(0, 10), (12, 20)]))
     with pytest.raises(SpanError, match=r"spans cover \[0, 20\) but the prefix has 30 tokens"):
         check_spans([(0, 10), (10, 20)], 30)  # out of range for the prompt being compressed
     with pytest.raises(ValueError, match=r"lam = 1.5 is outside \[0, 1\]"):
-        build_press("knorm", 0.5, "fair", spans=[(0, 10), (10, 20)], lam=1.5)
-    with pytest.raises(PolicyError, match="unknown variant"):
-        build_press("knorm", 0.5, "fairer")
+        build_press(Setting("knorm", "fair", lam=1.5, ratio=0.5), Marks(spans=[(0, 10), (10, 20)]))
+    with pytest.raises(VariantError, match="unknown variant"):
+        build_press(Setting("knorm", "fairer", ratio=0.5))
 
 
 def test_budget_apportionment():

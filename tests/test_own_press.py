@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kvpress import ScorerPress
+from kvpress import ScorerPress, SnapKVPress
 
 from fairkv.core.presses import own, registry
+from fairkv.core.presses.policy import SCORE_ONCE, PolicyError
 from fairkv.runs import atlas, experiment
 
 
@@ -68,27 +69,27 @@ def test_its_source_and_configuration_are_part_of_its_cells(earliest):
             return -super().score(module, hidden_states, keys, values, attentions, kwargs)
 
     press = EarliestPress(compression_ratio=0.5)
-    assert own.source_hash(press, "independent", registry.SCORE_ONCE) == earliest.source
+    assert own.source_hash(press, "independent", SCORE_ONCE) == earliest.source
     others = [
-        own.source_hash(Edited(compression_ratio=0.5), "independent", registry.SCORE_ONCE),
-        own.source_hash(EarliestPress(compression_ratio=0.25), "independent", registry.SCORE_ONCE),
-        own.source_hash(press, "cross-token", registry.SCORE_ONCE),
+        own.source_hash(Edited(compression_ratio=0.5), "independent", SCORE_ONCE),
+        own.source_hash(EarliestPress(compression_ratio=0.25), "independent", SCORE_ONCE),
+        own.source_hash(press, "cross-token", SCORE_ONCE),
     ]
     assert len({earliest.source, *others}) == 4
 
 
 def test_registering_checks_what_it_is_given(earliest):
-    with pytest.raises(registry.PolicyError, match="already holds 'EarliestPress'"):
+    with pytest.raises(PolicyError, match="already holds 'EarliestPress'"):
         own.register("EarliestPress", "Other", lambda r: EarliestPress(compression_ratio=r), "independent")
-    with pytest.raises(registry.PolicyError, match="already holds 'SnapKV'"):
+    with pytest.raises(PolicyError, match="already holds 'SnapKV'"):
         own.register("MySnapKV", "SnapKV", lambda r: EarliestPress(compression_ratio=r), "independent")
-    with pytest.raises(registry.PolicyError, match="unknown scoring 'positional'"):
+    with pytest.raises(PolicyError, match="unknown scoring 'positional'"):
         own.register("LatestPress", "Latest", lambda r: EarliestPress(compression_ratio=r), "positional")
-    with pytest.raises(registry.PolicyError, match="must return a kvpress press"):
+    with pytest.raises(PolicyError, match="must return a kvpress press"):
         own.register("LatestPress", "Latest", lambda r: object(), "independent")
-    with pytest.raises(registry.PolicyError, match="already holds 'Earliest'"):
+    with pytest.raises(PolicyError, match="already holds 'Earliest'"):
         own.register("OtherPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
-    with pytest.raises(registry.PolicyError, match="SnapKVPress is a class the registry already scores"):
-        own.register("Snap8Press", "Snap8", lambda r: registry.SnapKVPress(r, window_size=8), "independent")
-    with pytest.raises(registry.PolicyError, match="source of .* cannot be read"):
-        own.source_hash(type("Typed", (EarliestPress,), {})(compression_ratio=0.5), "independent", registry.SCORE_ONCE)
+    with pytest.raises(PolicyError, match="SnapKVPress is a class the registry already scores"):
+        own.register("Snap8Press", "Snap8", lambda r: SnapKVPress(r, window_size=8), "independent")
+    with pytest.raises(PolicyError, match="source of .* cannot be read"):
+        own.source_hash(type("Typed", (EarliestPress,), {})(compression_ratio=0.5), "independent", SCORE_ONCE)

@@ -9,9 +9,10 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from fairkv.core import attention, data, generation, per_setting, prompts, score_once
-from fairkv.core.presses import kept
+from fairkv.core.presses import Marks, Setting, kept
 from fairkv.core.presses.budget import fair_budgets
-from fairkv.core.presses.registry import PolicyError, runnable
+from fairkv.core.presses.policy import PolicyError
+from fairkv.core.presses.registry import runnable
 from fairkv.runs import experiment, fingerprint
 from fairkv.studies import atlas as atlas_study
 
@@ -30,7 +31,7 @@ def test_a_head_masked_cache_decodes_as_the_gathered_one(smollm, normal_prompt, 
     """SnapKV's cut, gathered (the engine's cache) and head-masked (every position, evicted keys NaN): the same
     greedy answer and, at its first token, the same logits."""
     prefilled = score_once.prefill(smollm, normal_prompt, ("snapkv",))
-    gathered = score_once.cut(prefilled, "snapkv", 0.5)
+    gathered = score_once.cut(prefilled, Setting("snapkv", ratio=0.5))
     masked = generation.Compressed(
         _masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0, "snapkv", 0.5
     )
@@ -85,7 +86,11 @@ def test_each_variant_keeps_its_budget_whitelist_and_fair_shares(smollm, normal_
             "kvpress": kept.press_mask(entry.build(ratio), module, *args[:3], None, args[3]),
             **{
                 v: per_setting.setting_mask(
-                    entry, v, ratio, spans, protected, per_setting.Layer(module, *args), probe.model
+                    entry,
+                    Setting(entry.key, v, ratio=ratio),
+                    Marks(spans, protected),
+                    per_setting.Layer(module, *args),
+                    probe.model,
                 )
                 for v in variants
             },
@@ -129,9 +134,9 @@ def test_a_fair_span_keeps_the_same_tokens_whatever_the_other_span_says(smollm, 
     for prompt in built:
         probe = _Layers(
             lambda probe, module, *args: {
-                v: per_setting.setting_mask(entry, v, 0.5, spans, (), per_setting.Layer(module, *args), probe.model)[
-                    ..., :first
-                ]
+                v: per_setting.setting_mask(
+                    entry, Setting(entry.key, v, ratio=0.5), Marks(spans), per_setting.Layer(module, *args), probe.model
+                )[..., :first]
                 for v in ("base", "fair")
             }
         )

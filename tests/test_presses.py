@@ -8,7 +8,7 @@ from kvpress.utils import compute_n_kept
 from transformers import DynamicCache
 
 from fairkv.core import generation, prompts
-from fairkv.core.presses import PAPER, PolicyError, RecordingPress, make_press, rates
+from fairkv.core.presses import PAPER, PolicyError, RecordingPress, Setting, make_press, rates
 from fairkv.core.prompts import PromptError
 
 RATIOS = [0.25, 0.5, 0.75]
@@ -40,8 +40,8 @@ def test_recording_press_matches_kvpress(smollm, normal_prompt, policy, ratio):
 
 @pytest.mark.parametrize("policy", list(PAPER))
 def test_ratio_zero_keeps_everything_and_answers_like_no_press(smollm, records, normal_prompt, policy):
-    plain = generation.compress(smollm, normal_prompt, None)
-    pressed = generation.compress(smollm, normal_prompt, policy, 0.0)
+    plain = generation.compress(smollm, normal_prompt, Setting(None))
+    pressed = generation.compress(smollm, normal_prompt, Setting(policy, ratio=0.0))
     kept = rates.keep_rates(pressed.kept, normal_prompt.spans, normal_prompt.n_tokens)
     assert kept == {"defense": 1.0, "directive": 1.0}
     query = normal_prompt.query_ids(records[0].user)
@@ -51,7 +51,7 @@ def test_ratio_zero_keeps_everything_and_answers_like_no_press(smollm, records, 
 def test_uncompressed_answer_equals_transformers_generate(smollm, records, normal_prompt):
     """Our decode loop (separate prefill, explicit positions) gives what transformers' greedy generate gives."""
     query = normal_prompt.query_ids(records[0].user)
-    ours = generation.answer(smollm, generation.compress(smollm, normal_prompt, None), query, 16)
+    ours = generation.answer(smollm, generation.compress(smollm, normal_prompt, Setting(None)), query, 16)
     ids = torch.cat([normal_prompt.ids, query], dim=1)
     with torch.inference_mode():
         out = smollm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
@@ -64,7 +64,7 @@ def test_streamingllm_evicts_the_earlier_span(smollm, records, templates):
         kept = {}
         for order in ("normal", "flipped"):
             prompt = prompts.paper_prompt(smollm.tokenizer, record, templates, order=order)
-            compressed = generation.compress(smollm, prompt, "streamingllm", 0.5)
+            compressed = generation.compress(smollm, prompt, Setting("streamingllm", ratio=0.5))
             kept[order] = rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)
         assert kept["normal"]["directive"] > kept["normal"]["defense"]
         assert kept["flipped"]["defense"] > kept["flipped"]["directive"]
@@ -78,4 +78,4 @@ def test_policy_errors(smollm):
             make_press("tova", bad)
     short = prompts.build_prompt(smollm.tokenizer, [("only", "Hi.")])
     with pytest.raises(PromptError, match="snapkv.*longer than 16"):
-        generation.compress(smollm, short, "snapkv", 0.5)
+        generation.compress(smollm, short, Setting("snapkv", ratio=0.5))

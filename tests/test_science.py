@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from fairkv.core import data, prompts, score_once
-from fairkv.core.presses import PAPER, rates
+from fairkv.core.presses import PAPER, Setting, rates
 from fairkv.studies import keep_rates
 
 pytestmark = pytest.mark.model
@@ -83,5 +83,7 @@ def test_quickstart_record_keep_rates(smollm):
     assert [(s.name, len(s)) for s in prompt.spans] == [("defense", 124), ("directive", 49)]
     prefilled = score_once.prefill(smollm, prompt, PAPER)
     for (policy, ratio), expected in QUICKSTART.items():
-        keep = rates.keep_rates(score_once.cut(prefilled, policy, ratio).kept, prompt.spans, prompt.n_tokens)
+        keep = rates.keep_rates(
+            score_once.cut(prefilled, Setting(policy, ratio=ratio)).kept, prompt.spans, prompt.n_tokens
+        )
         assert (keep["defense"], keep["directive"]) == pytest.approx(expected, abs=TOLERANCE), (policy, ratio)

@@ -7,7 +7,7 @@ import torch
 
 from fairkv.core import attention, generation, running, score_once
 from fairkv.core.one_prompt import evaluate_prompt
-from fairkv.core.presses import PAPER, WhitelistError
+from fairkv.core.presses import PAPER, Setting, WhitelistError
 
 # every variant and lambda of test_mitigations.py's variant matrix, which reads its kept sets from the engine
 SETTINGS = [("base", 1.0), ("whitelist", 1.0), ("fair", 1.0), ("fair", 0.5), ("fair", 0.0), ("fair+whitelist", 1.0)]
@@ -22,8 +22,8 @@ def prefilled(smollm, normal_prompt):
 def test_cut_equals_running_the_press(smollm, normal_prompt, prefilled, policy):
     for ratio in (0.1, 0.3, 0.5, 0.7):
         for variant, lam in SETTINGS:
-            pressed = generation.compress(smollm, normal_prompt, policy, ratio, variant, lam)
-            cut = score_once.cut(prefilled, policy, ratio, variant, lam)
+            pressed = generation.compress(smollm, normal_prompt, Setting(policy, ratio=ratio, variant=variant, lam=lam))
+            cut = score_once.cut(prefilled, Setting(policy, ratio=ratio, variant=variant, lam=lam))
             for layer, indices in pressed.kept.items():
                 assert torch.equal(cut.kept[layer], indices), (policy, ratio, variant, lam, layer)
                 # same gather order: the caches are identical, not just the sets
@@ -31,9 +31,9 @@ def test_cut_equals_running_the_press(smollm, normal_prompt, prefilled, policy):
 
 
 def test_cut_at_ratio_zero_and_without_policy(normal_prompt, prefilled):
-    full = score_once.cut(prefilled, None, 0.0)
+    full = score_once.cut(prefilled, Setting(None, ratio=0.0))
     assert full.cache.get_seq_length() == normal_prompt.n_tokens and full.kept == {}
-    assert score_once.cut(prefilled, "tova", 0.0).cache.get_seq_length() == normal_prompt.n_tokens
+    assert score_once.cut(prefilled, Setting("tova", ratio=0.0)).cache.get_seq_length() == normal_prompt.n_tokens
 
 
 def test_cut_needs_a_whitelist_phrase(smollm):
@@ -43,14 +43,14 @@ def test_cut_needs_a_whitelist_phrase(smollm):
         smollm.tokenizer, [("a", "Answer every question in exactly two short sentences, please.")]
     )
     with pytest.raises(WhitelistError, match="phrase was not found"):
-        score_once.cut(score_once.prefill(smollm, prompt, ("knorm",)), "knorm", 0.5, "whitelist")
+        score_once.cut(score_once.prefill(smollm, prompt, ("knorm",)), Setting("knorm", ratio=0.5, variant="whitelist"))
 
 
 def test_batched_decoding_matches_batch_one(smollm, records, normal_prompt, prefilled, attack, monkeypatch):
     """Caches of different lengths and queries of different lengths, decoded together, as one by one."""
     items = []
     for policy, ratio in [(None, 0.0), ("streamingllm", 0.5), ("snapkv", 0.3), ("knorm", 0.7), ("tova", 0.5)]:
-        compressed = score_once.cut(prefilled, policy, ratio)
+        compressed = score_once.cut(prefilled, Setting(policy, ratio=ratio))
         for query in (records[0].user, attack):
             items.append((compressed, normal_prompt.query_ids(query)))
     batched = generation.answer_batch(smollm, items, 24)
@@ -100,7 +100,7 @@ def test_evaluate_prompt_answers_each_cell_as_alone(smollm, records, normal_prom
     )
     assert len(evaluation.rows) == 4
     for row in evaluation.rows.itertuples():
-        cut = score_once.cut(prefilled, row.policy if row.ratio else None, row.ratio)
+        cut = score_once.cut(prefilled, Setting(row.policy if row.ratio else None, ratio=row.ratio))
         benign, attacked = (
             generation.answer(smollm, cut, normal_prompt.query_ids(q), 16) for q in (record.user, attack)
         )

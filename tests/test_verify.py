@@ -275,3 +275,26 @@ def test_restamp_on_other_arithmetic_applies_the_tolerance_and_says_so(stored, c
     out = capsys.readouterr().out
     assert "rule applied: tolerance (cpu float32 elsewhere -> cpu float32" in out
     assert f"{len(rows)} rows restamped 0123456789ab -> {fingerprint.code_fingerprint()}" in out
+
+
+def test_rows_of_one_press_without_its_stamp_are_restamped_alone(stored):
+    """Issue 69: rows that lack their press's stamp (computed before presses were stamped, or by an edit of that one
+    press) are refused by verify; restamp, given the code's stamp they carry, recomputes a sample of those rows alone
+    and gives them the press's stamp, and leaves every other row as it was."""
+    rows = [json.loads(line) for line in complete_lines(stored)]
+    policy = next(row["policy"] for row in rows if row["policy"] != "none")
+    mine = [row["cell_id"] for row in rows if row["policy"] == policy]
+    for row in rows:
+        if row["cell_id"] in mine:
+            del row["versions"]["press"]
+    stored.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    with pytest.raises(verify.VerifyError, match=rf"{len(mine)} of {len(rows)} rows were computed by other result"):
+        verify.verify(stored, sample=3, progress=False)
+    report, changed = verify.restamp(stored, fingerprint.code_fingerprint(), sample=100, progress=False)
+    assert report.sampled == changed == len(mine) < len(rows) and report.identical + len(report.near_ties) == changed
+    restamped = ResultsStore(stored).rows()
+    for row in rows:
+        press = {"press": fingerprint.press_stamp(policy)} if row["cell_id"] in mine else {}
+        assert restamped[row["cell_id"]] == {**row, "versions": {**row["versions"], **press}}
+    with pytest.raises(verify.VerifyError, match="nothing to restamp"):
+        verify.restamp(stored, fingerprint.code_fingerprint(), sample=100, progress=False)

@@ -16,7 +16,7 @@ from fairkv.audit.report import Audit
 from fairkv.audit.spans import MIN_CONTENT, AuditError, Spec, gives_reply, judged, secret_pattern, span_recall
 from fairkv.core import data, generation, metrics, models, prompts, score_once
 from fairkv.core.data import Record
-from fairkv.core.presses import MITIGATIONS, check_ratio, get_policy, rates
+from fairkv.core.presses import MITIGATIONS, Setting, check_ratio, get_policy, rates
 from fairkv.core.presses.selection import WhitelistError
 from fairkv.report import outcomes
 
@@ -184,12 +184,12 @@ def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> 
     "none"), and the cells that cannot run with the reason (a whitelist larger than the budget; said in ``notes``)."""
     caches, skipped = [], []
     if 0.0 in ratios:  # r = 0 keeps everything: one cache for every policy and variant
-        uncompressed = score_once.cut(prefilled, None, 0.0, "base")
+        uncompressed = score_once.cut(prefilled, Setting(None))
         keep = rates.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
         caches.append(("none", "base", 0.0, uncompressed, {f"keep_{k}": v for k, v in keep.items()}))
     for policy, variant, ratio in product(policies, variants, [r for r in ratios if r > 0]):
         try:
-            compressed = score_once.cut(prefilled, policy, ratio, variant)
+            compressed = score_once.cut(prefilled, Setting(policy, ratio=ratio, variant=variant))
         except WhitelistError as error:
             notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
             skipped.append({"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"})

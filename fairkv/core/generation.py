@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from fairkv.core.attention import decoding
 from fairkv.core.models import LoadedModel, clock
-from fairkv.core.presses import build_press, get_policy
+from fairkv.core.presses import Setting, build_press, get_policy
 from fairkv.core.progress import note as progress_note
 from fairkv.core.prompts import Prompt, PromptError
 from fairkv.core.running import Running
@@ -35,10 +35,7 @@ class Compressed:
     n_prefix: int
     kept: dict[int, torch.Tensor]
     seconds: float
-    policy: str | None
-    ratio: float
-    variant: str = "base"
-    lam: float = 1.0
+    setting: Setting  # policy None: the uncompressed cache
 
 
 @dataclass
@@ -73,35 +70,25 @@ def check_policy_fits(lm: LoadedModel, prompt: Prompt, policy: str) -> None:
 
 
 @torch.inference_mode()
-def compress(  # 7 parameters: the prompt, its model and a setting's five fields
-    lm: LoadedModel,
-    prompt: Prompt,
-    policy: str | None,
-    ratio: float = 0.0,
-    variant: str = "base",
-    lam: float = 1.0,
-    keep_only_whitelist: bool = False,
-) -> Compressed:
-    """Prefill the prompt's prefix under ``policy`` at ``ratio`` (None: no press) and return the cache.
+def compress(lm: LoadedModel, prompt: Prompt, setting: Setting, keep_only_whitelist: bool = False) -> Compressed:
+    """Prefill the prompt's prefix under ``setting`` (policy None: no press) and return the cache.
 
-    ``variant`` (base, whitelist, fair, fair+whitelist) and ``lam`` select the mitigation (``presses.build_press``);
-    the prompt supplies the spans and the whitelist positions.
+    The setting's variant (base, whitelist, fair, fair+whitelist) and lam select the mitigation
+    (``presses.build_press``); the prompt supplies the spans and the whitelist positions.
     """
     cache = DynamicCache()
     n = prompt.n_tokens
     start = clock(lm.device)
-    if policy is None:
+    if setting.policy is None:
         lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = {}
     else:
-        check_policy_fits(lm, prompt, policy)
-        press = build_press(
-            policy, ratio, variant, [(s.start, s.end) for s in prompt.spans], prompt.protected, lam, keep_only_whitelist
-        )
+        check_policy_fits(lm, prompt, setting.policy)
+        press = build_press(setting, prompt.marks, keep_only_whitelist)
         with press(lm.model):
             lm.model.model(input_ids=prompt.ids.to(lm.device), past_key_values=cache)
         kept = press.kept
-    return Compressed(cache, n, kept, clock(lm.device) - start, policy, ratio, variant, lam)
+    return Compressed(cache, n, kept, clock(lm.device) - start, setting)
 
 
 def _stack_caches(caches: list[DynamicCache], length: int) -> DynamicCache:

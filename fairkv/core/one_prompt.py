@@ -22,7 +22,7 @@ from fairkv.core import metrics, score_once
 from fairkv.core.data import Record
 from fairkv.core.generation import Answer, Compressed, answer_batch
 from fairkv.core.models import LoadedModel
-from fairkv.core.presses import check_ratio, get_policy, rates
+from fairkv.core.presses import Setting, check_ratio, get_policy, rates
 from fairkv.core.progress import Bar
 from fairkv.core.prompts import Prompt
 
@@ -115,7 +115,7 @@ def evaluate_prompt(  # 8 parameters: the library's one-prompt API (docs/library
     bar = Bar(total=len(cells), desc="cells", disable=not progress)
     compressed = {}
     for policy, ratio in cells:
-        compressed[(policy, ratio)] = score_once.cut(prefilled, policy, ratio)
+        compressed[(policy, ratio)] = score_once.cut(prefilled, Setting(policy, ratio=ratio))
         bar.update()
     bar.close()
     queries = (prompt.query_ids(record.user), prompt.query_ids(attack))

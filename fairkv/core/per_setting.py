@@ -39,9 +39,11 @@ from transformers import DynamicCache
 from fairkv.core import generation, models, prompts
 from fairkv.core.presses import kept
 from fairkv.core.presses.budget import fair_budgets
-from fairkv.core.presses.registry import Policy, PolicyError, get_policy
+from fairkv.core.presses.policy import Policy, PolicyError
+from fairkv.core.presses.registry import get_policy
 from fairkv.core.presses.scoring import span_as_prompt
-from fairkv.core.presses.selection import check_whitelist
+from fairkv.core.presses.selection import Marks, check_whitelist
+from fairkv.core.presses.setting import Setting
 
 
 @dataclass(frozen=True)
@@ -101,16 +103,15 @@ class _SpanKeeper:
         return press_mask(self.entry, ratio, protected, span, self.model).float()
 
 
-def setting_mask(
-    entry: Policy, variant: str, ratio: float, spans, protected, layer: Layer, model
-) -> torch.Tensor:  # 7 parameters: a setting's fields, the prompt's spans and the layer
-    """(batch, kv_heads, n) positions ``entry``'s press keeps in ``layer`` in ``variant`` (base, whitelist, fair,
-    fair+whitelist; see the module doc) at ``ratio``; ``spans`` (start, end) and ``protected`` are token positions."""
+def setting_mask(entry: Policy, setting: Setting, marks: Marks, layer: Layer, model) -> torch.Tensor:
+    """(batch, kv_heads, n) positions ``entry``'s press keeps in ``layer`` in ``setting``'s variant (base, whitelist,
+    fair, fair+whitelist; see the module doc) at its ratio; ``marks``: the prompt's spans and whitelist positions."""
     batch, heads, n, _ = layer.keys.shape
+    variant, ratio, spans = setting.variant, setting.ratio, marks.spans
     n_kept = compute_n_kept(n, ratio)
-    whitelist = tuple(protected) if "whitelist" in variant else ()
+    whitelist = marks.protected if variant.whitelist else ()
     check_whitelist(whitelist, n, n_kept, False, ratio)
-    if not variant.startswith("fair"):
+    if not variant.fair:
         mask = press_mask(entry, ratio, whitelist, layer, model)
     else:
         inside = [tuple(p - start for p in whitelist if start <= p < end) for start, end in spans]
@@ -129,8 +130,7 @@ class _Masks(BasePress):
     layer's uncompressed prefill; compresses nothing."""
 
     def __init__(self, settings: list, prompt: prompts.Prompt):
-        self.settings, self.prompt = settings, prompt
-        self.spans = tuple((s.start, s.end) for s in prompt.spans)
+        self.settings, self.marks = settings, prompt.marks
         self.masks: dict = {s: [] for s in settings}
         self.entries = {s: get_policy(s.policy) for s in settings}
 
@@ -141,9 +141,7 @@ class _Masks(BasePress):
         layer = Layer(module, hidden_states, keys, values, kwargs)
         for setting, entry in self.entries.items():
             try:
-                mask = setting_mask(
-                    entry, setting.variant, setting.ratio, self.spans, self.prompt.protected, layer, self.model
-                )
+                mask = setting_mask(entry, setting, self.marks, layer, self.model)
             except kept.PRESS_FAILURES as error:
                 raise PolicyError(
                     f"{entry.label} ({setting.variant}, r = {setting.ratio}) raised on this prompt "
@@ -189,14 +187,5 @@ def compressed(lm: models.LoadedModel, prompt: prompts.Prompt, settings: list):
                 keys = keys.masked_fill(~mask.unsqueeze(-1), float("nan"))
                 positions[layer] = kept.kept_indices(mask.cpu())
             masked.update(keys, entry.values, layer)
-        out[setting] = generation.Compressed(
-            masked,
-            prompt.n_tokens,
-            positions,
-            time.perf_counter() - start,
-            setting.policy,
-            setting.ratio,
-            setting.variant,
-            setting.lam,
-        )
+        out[setting] = generation.Compressed(masked, prompt.n_tokens, positions, time.perf_counter() - start, setting)
     return out, prefill_s

@@ -80,6 +80,13 @@ class Prompt:
     def n_tokens(self) -> int:
         return self.ids.shape[1]
 
+    @property
+    def marks(self):
+        """The spans and whitelist positions a setting's variant reads (``presses.selection.Marks``)."""
+        from fairkv.core.presses.selection import Marks  # the presses place text spans by this module's ``Span``
+
+        return Marks(tuple((s.start, s.end) for s in self.spans), self.protected)
+
     def span(self, name: str) -> Span:
         for span in self.spans:
             if span.name == name:

@@ -7,7 +7,7 @@ the three kinds of scores ``presses.selection.choose`` reads; ``cut`` applies ``
 (policy, variant, lam, ratio) and gathers the full cache: the same kept sets and the same compressed cache (same
 gather order) as running ``RecordingPress`` at that setting, without another forward pass.
 
-This is the score-once backend of the press catalogue (``presses.registry.SCORE_ONCE``). Out of scope: presses whose
+This is the score-once backend of the press catalogue (``presses.policy.SCORE_ONCE``). Out of scope: presses whose
 scores depend on the ratio other than StreamingLLM (handled: its kvpress score is rebuilt from the key shape at cut
 time), that draw random numbers or keep a different number of tokens per head: the per-setting backend
 (``fairkv.core.per_setting``) builds those.
@@ -23,9 +23,9 @@ from transformers import DynamicCache
 
 from fairkv.core.generation import Compressed, check_policy_fits
 from fairkv.core.models import LoadedModel, clock
-from fairkv.core.presses import PolicyError, check_ratio, get_policy, make_press
-from fairkv.core.presses.registry import SCORE_ONCE
-from fairkv.core.presses.selection import check_variant_inputs, choose, gather_kept
+from fairkv.core.presses import PolicyError, Setting, check_ratio, get_policy, make_press
+from fairkv.core.presses.policy import SCORE_ONCE
+from fairkv.core.presses.selection import choose, gather_kept
 from fairkv.core.prompts import Prompt
 
 
@@ -73,7 +73,7 @@ def prefill(lm: LoadedModel, prompt: Prompt, policies: tuple[str, ...]) -> Prefi
                 "(fairkv.runs.experiment.run), which builds each setting by its press's backend"
             )
         check_policy_fits(lm, prompt, policy)
-    collector = _ScoreCollector(tuple(policies), tuple((s.start, s.end) for s in prompt.spans))
+    collector = _ScoreCollector(tuple(policies), prompt.marks.spans)
     cache = DynamicCache()
     start = clock(lm.device)
     with collector(lm.model):
@@ -81,23 +81,15 @@ def prefill(lm: LoadedModel, prompt: Prompt, policies: tuple[str, ...]) -> Prefi
     return Prefilled(prompt, cache, collector.scores, clock(lm.device) - start)
 
 
-def cut(
-    prefilled: Prefilled,
-    policy: str | None,
-    ratio: float,
-    variant: str = "base",
-    lam: float = 1.0,
-    keep_only_whitelist: bool = False,
-) -> Compressed:
-    """The compressed cache and kept positions of (policy, variant, lam, ratio), from the stored scores."""
-    check_ratio(ratio)
-    prompt = prefilled.prompt
+def cut(prefilled: Prefilled, setting: Setting, keep_only_whitelist: bool = False) -> Compressed:
+    """The compressed cache and kept positions of ``setting`` (policy, variant, lam, ratio), from the stored scores."""
+    policy, ratio = setting.policy, check_ratio(setting.ratio)
+    prompt, marks = prefilled.prompt, prefilled.prompt.marks
     if policy is not None:
-        check_variant_inputs(variant, prompt.spans, prompt.protected)
+        marks.require(setting)
     device = prefilled.cache.layers[0].keys.device
     start = clock(device)
     cache, kept = DynamicCache(), {}
-    spans = tuple((s.start, s.end) for s in prompt.spans)
     for layer in range(prefilled.n_layers):
         keys, values = prefilled.cache.layers[layer].keys, prefilled.cache.layers[layer].values
         batch, heads, n, _ = keys.shape
@@ -106,24 +98,13 @@ def cut(
                 kept[layer] = torch.arange(n, device=keys.device).expand(batch, heads, n)
             cache.update(keys, values, layer)
             continue
-        entry, spec = prefilled.scores[(policy, layer)], get_policy(policy)
+        entry, spec, press = prefilled.scores[(policy, layer)], get_policy(policy), make_press(policy, ratio)
 
-        def scores(kind: str, entry=entry, keys=keys) -> torch.Tensor:
-            if kind not in entry:  # a policy ranked otherwise than by its press's score (StreamingLLM): that score
-                return make_press(policy, ratio).score(None, None, keys, None, None, None)  # reads the ratio, keys only
-            return entry[kind]
+        def scores(kind: str, entry=entry, keys=keys, press=press) -> torch.Tensor:
+            return entry[kind] if kind in entry else spec.ratio_scores(press, keys)
 
-        indices = choose(
-            scores,
-            (batch, heads, n),
-            ratio,
-            variant,
-            lam,
-            spans,
-            prompt.protected,
-            keep_only_whitelist,
-            spec.reserved_positions(make_press(policy, ratio), n),
-        ).to(keys.device)
-        kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices)
+        reserved = spec.reserved_positions(press, n)
+        indices = choose(scores, (batch, heads, n), setting, marks, keep_only_whitelist, reserved)
+        kept_keys, kept_values, kept[layer] = gather_kept(keys, values, indices.to(keys.device))
         cache.update(kept_keys, kept_values, layer)
-    return Compressed(cache, prompt.n_tokens, kept, clock(device) - start, policy, ratio, variant, lam)
+    return Compressed(cache, prompt.n_tokens, kept, clock(device) - start, setting)

@@ -22,6 +22,7 @@ import pandas as pd
 from scipy import stats
 
 from fairkv.core.metrics import LEAK_THRESHOLD, instruction_class, is_refusal, proportion_ci
+from fairkv.core.presses import Variant
 from fairkv.report import verdicts
 
 SETTING = ["policy", "variant", "lam", "order", "ratio"]  # what identifies a setting across prompts
@@ -223,7 +224,7 @@ def pareto_frequency(rows: pd.DataFrame, rule: str = "strict", accuracy: str = A
     if rule not in PARETO_RULES:
         raise AnalysisError(f"unknown dominance rule {rule!r}: use one of {', '.join(PARETO_RULES)}")
     table = setting_means(rows, accuracy)
-    table = table[table["variant"].str.startswith("fair") & (table["ratio"] > 0)]
+    table = table[table["variant"].map(lambda variant: Variant(variant).fair) & (table["ratio"] > 0)]
     if table.empty:
         raise AnalysisError("no lambda rows above r = 0: the Pareto frequency needs compressed ratios")
     out = []
@@ -243,7 +244,7 @@ def pareto_frequency(rows: pd.DataFrame, rule: str = "strict", accuracy: str = A
 def lambda_plane(rows: pd.DataFrame, accuracy: str = ACCURACY) -> pd.DataFrame:
     """Directive accuracy (``accuracy``) and leakage per policy, order, lambda and ratio (the points of Figs 15-18)."""
     table = setting_means(rows, accuracy)
-    return table[table["variant"].str.startswith("fair")].reset_index(drop=True)
+    return table[table["variant"].map(lambda variant: Variant(variant).fair)].reset_index(drop=True)
 
 
 def judge_agreement(rows: pd.DataFrame, by: tuple[str, ...] = ("policy", "variant", "ratio")) -> pd.DataFrame:

@@ -35,7 +35,8 @@ from fairkv.core import data, models, prompts
 from fairkv.core.per_setting import head_dim_known
 from fairkv.core.presses.kept import PRESS_FAILURES, SEED, press_mask
 from fairkv.core.presses.rates import span_rates
-from fairkv.core.presses.registry import NOT_RUN, Policy, provenance, runnable
+from fairkv.core.presses.policy import Policy
+from fairkv.core.presses.registry import NOT_RUN, provenance, runnable
 from fairkv.core.presses.selection import topk_select
 from fairkv.core.progress import note
 from fairkv.runs import experiment, fingerprint, runner, studies
@@ -233,7 +234,7 @@ class Job:
                 "error": error,
                 "n_tokens": prompt.n_tokens,
                 "prompt_s": seconds,
-                "versions": self.versions,
+                "versions": fingerprint.stamped(self.versions, label),
             }
             for (label, ratio), (keep, error) in rates.items()
         ]

@@ -33,9 +33,9 @@ import torch
 
 from fairkv.core import data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.paths import REDECODED_FOLDER, redecoded, results_dir
-from fairkv.core.presses import PAPER, check_ratio, check_variant, get_policy, rates
-from fairkv.core.presses.registry import PER_SETTING, provenance
-from fairkv.core.presses.selection import check_lam
+from fairkv.core.presses import PAPER, Setting, Variant, canonical, check_lam, check_ratio, get_policy, rates
+from fairkv.core.presses.policy import PER_SETTING
+from fairkv.core.presses.registry import provenance
 from fairkv.core.progress import note as progress_note
 from fairkv.runs import fingerprint, runner
 from fairkv.runs.store import ResultsStore
@@ -49,25 +49,6 @@ TASK_BATCHES = 3  # a task (what a Ray worker is handed at a time) holds about t
 
 class GridError(ValueError):
     """A grid or profile that cannot be run as asked."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One compression setting; ``policy`` None means uncompressed (r = 0)."""
-
-    policy: str | None
-    variant: str
-    lam: float
-    ratio: float
-
-
-def canonical(policy: str, variant: str, lam: float, ratio: float) -> Setting:
-    """The setting that computes (policy, variant, lam, ratio): r = 0 is shared, fair at lam = 0 is the base."""
-    if ratio == 0.0:
-        return Setting(None, "base", 1.0, 0.0)
-    if variant.startswith("fair") and lam == 0.0:
-        variant = "whitelist" if "whitelist" in variant else "base"
-    return Setting(policy, variant, lam if variant.startswith("fair") else 1.0, ratio)
 
 
 @dataclass(frozen=True)
@@ -96,7 +77,7 @@ class Grid:
         for policy in self.policies:
             get_policy(policy)
         for variant in self.variants:
-            check_variant(variant)
+            Variant(variant)
         for ratio in self.ratios:
             check_ratio(ratio)
         for lam in self.lams:
@@ -132,7 +113,7 @@ class Grid:
 
     def requested(self) -> list[tuple[str, str, float, float]]:
         """Every (policy, variant, lam, ratio) the grid asks for, as labels for the returned rows."""
-        lams = lambda variant: self.lams if variant.startswith("fair") else (1.0,)
+        lams = lambda variant: self.lams if Variant(variant).fair else (1.0,)
         return [(p, v, lam, r) for p in self.policies for v in self.variants for lam in lams(v) for r in self.ratios]
 
     def settings(self) -> list[Setting]:
@@ -203,7 +184,7 @@ class Item:
 
 
 def built_per_setting(setting: Setting) -> bool:
-    """The setting's press is built per setting (``presses.registry.PER_SETTING``); r = 0 is the uncompressed cache."""
+    """The setting's press is built per setting (``presses.policy.PER_SETTING``); r = 0 is the uncompressed cache."""
     return setting.policy is not None and get_policy(setting.policy).backend == PER_SETTING
 
 
@@ -316,7 +297,7 @@ class Job:
             policies = tuple(dict.fromkeys(s.policy for s in once if s.policy is not None))
             prefilled = score_once.prefill(lm, prompt, policies)
             for s in once:
-                built[s] = (prefilled.seconds, score_once.cut(prefilled, s.policy, s.ratio, s.variant, s.lam))
+                built[s] = (prefilled.seconds, score_once.cut(prefilled, s))
         if each:
             caches, prefill_s = per_setting.compressed(lm, prompt, each)
             built.update({s: (prefill_s, caches[s]) for s in each})
@@ -372,7 +353,7 @@ def decoded_again(grid: Grid, folder: Path | None, rows: pd.DataFrame) -> pd.Dat
     again = {cell: row for cell, row in store.rows().items() if cell in cells}
     versions = fingerprint.versions()
     for row in again.values():
-        runner.check_versions(row, versions, store)
+        runner.check_versions(row, fingerprint.expected(versions, row), store)
     labels = ("policy", "variant", "lam", "ratio")  # the grid's names for the cell, as ``_collect`` gives them
     return pd.DataFrame(
         [
@@ -393,7 +374,7 @@ def _row(grid: Grid, lm, item: Item, versions: dict, reply: generation.Answer | 
         **{f"keep_{k}": v for k, v in rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens).items()},
         "prefill_s": item.prefill_s,
         "cut_s": compressed.seconds,
-        "versions": versions,
+        "versions": fingerprint.stamped(versions, item.setting.policy),
     }
     if reply is not None:
         row.update({"response": reply.text, "new_tokens": reply.n_tokens, "decode_s": reply.seconds})

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import fairkv
 from fairkv.core import metrics
+from fairkv.core.presses import policies, registry
 
 PACKAGE = Path(__file__).resolve().parents[1]
 # The entry points of each kind of row (package-relative module, colon, name). A move updates these paths only.
@@ -61,6 +62,7 @@ NEUTRAL = (
     "runs/executors.py",
     "runs/fingerprint.py",
 )
+DECLARATIONS = "core/presses/policies.py"  # one binding per policy: the root of its rows' press stamp
 SCALE = ("runs/studies.py",)  # which rows each study and profile asks for: counted by name, like NEUTRAL
 PLANS = ("runs/experiment.py:Grid", "runs/atlas.py:Plan")  # their field defaults are a scale: not counted
 
@@ -304,10 +306,33 @@ def code_fingerprint() -> str:
     return of(SWEEP)
 
 
+@lru_cache(maxsize=None)
+def press_stamp(policy: str) -> str:
+    """The fingerprint of the press a row ran (``policy``: its key, label or class name): its binding in
+    ``DECLARATIONS`` as a root, so the stamp covers how the press is built, its settings and its scoring (Appendix
+    F's span-local score among them) and nothing of another press's. No entry point reaches a binding (the registry
+    gathers them without naming them): a press added or edited moves only its own rows' stamp. A press of one's own
+    (``presses.own``) is stamped by the hash of its source, which its cell ids hold too."""
+    found = registry.runnable([policy])[0]
+    return found.source or of((f"{DECLARATIONS}:{policies.BINDINGS[found.key]}",))
+
+
+def stamped(versions: dict, policy: str | None) -> dict:
+    """``versions`` with the stamp of the press ``policy`` (none for the uncompressed cache: None or "none")."""
+    return dict(versions) if policy in (None, "none") else {**versions, "press": press_stamp(policy)}
+
+
+def expected(versions: dict, row: dict) -> dict:
+    """The versions a stored ``row`` must carry for code of ``versions``: theirs, with the stamp of the press the row
+    ran (a grid's and the operative words' rows name it ``policy``, the atlas's ``press``; a judge's score none)."""
+    return stamped(versions, row.get("policy", row.get("press")))
+
+
 def clear() -> None:
     """Forget parsed modules and fingerprints (after the package's files changed, or ``PACKAGE`` moved)."""
     _module.cache_clear()
     code_fingerprint.cache_clear()
+    press_stamp.cache_clear()
 
 
 def versions() -> dict[str, str]:

@@ -27,8 +27,9 @@ import pandas as pd
 import torch
 
 from fairkv.core import data, models, prompts, score_once
-from fairkv.core.presses import get_policy, rates
-from fairkv.core.presses.registry import SCORE_ONCE, provenance
+from fairkv.core.presses import Setting, canonical, get_policy, rates
+from fairkv.core.presses.policy import SCORE_ONCE
+from fairkv.core.presses.registry import provenance
 from fairkv.core.progress import note
 from fairkv.runs import experiment, fingerprint, runner
 from fairkv.runs.store import ResultsStore
@@ -53,14 +54,14 @@ def phrase(prompt: prompts.Prompt) -> prompts.Span:
     return prompts.Span(OPERATIVE, start, end, prompts.WHITELIST_PHRASE)
 
 
-def keep_rates(prefilled: score_once.Prefilled, setting: experiment.Setting) -> dict[str, float]:
+def keep_rates(prefilled: score_once.Prefilled, setting: Setting) -> dict[str, float]:
     """{span or ``OPERATIVE``: keep rate} of ``setting`` cut from ``prefilled``."""
     prompt = prefilled.prompt
-    cut = score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam)
+    cut = score_once.cut(prefilled, setting)
     return rates.keep_rates(cut.kept, (*prompt.spans, phrase(prompt)), prompt.n_tokens)
 
 
-def _identity(grid: experiment.Grid, record, order: str, setting: experiment.Setting) -> dict:
+def _identity(grid: experiment.Grid, record, order: str, setting: Setting) -> dict:
     return {
         "kind": OPERATIVE,
         "model": grid.model,
@@ -121,7 +122,7 @@ class Job:
             prefilled = score_once.prefill(lm, prompt, policies)
             yield [self.row(prefilled, record, order, s) for s in settings]
 
-    def row(self, prefilled: score_once.Prefilled, record, order: str, setting: experiment.Setting) -> dict:
+    def row(self, prefilled: score_once.Prefilled, record, order: str, setting: Setting) -> dict:
         identity = _identity(self.grid, record, order, setting)
         operative = phrase(prefilled.prompt)
         return {
@@ -131,7 +132,7 @@ class Job:
             "operative_tokens": [operative.start, operative.end],
             "n_prefix": prefilled.prompt.n_tokens,
             "prefill_s": prefilled.seconds,
-            "versions": self.versions,
+            "versions": fingerprint.stamped(self.versions, setting.policy),
         }
 
 
@@ -161,7 +162,7 @@ def run(grid: experiment.Grid, folder: Path, progress: bool = True, lm: models.L
     ids = job.cells()
     return pd.DataFrame(
         [
-            {**done[ids[(record, order, experiment.canonical(*label))]], **dict(zip(LABELS, label))}
+            {**done[ids[(record, order, canonical(*label))]], **dict(zip(LABELS, label))}
             for record in records
             for order in grid.orders
             for label in grid.requested()

@@ -23,7 +23,7 @@ from typing import Iterator, Protocol
 
 from fairkv.core.paths import refuse_if_frozen
 from fairkv.core.progress import Bar
-from fairkv.runs import executors
+from fairkv.runs import executors, fingerprint
 from fairkv.runs.store import ResultsStore, StoreError
 
 
@@ -80,7 +80,7 @@ def run(  # 7 parameters: the job, its store and the options every kind of row s
 def _missing(job: Job, ids: dict, done: dict, store: ResultsStore) -> dict:
     """The cells of ``ids`` that ``done`` lacks; a stored one of other versions is an error."""
     for cid in set(ids.values()) & done.keys():
-        check_versions(done[cid], job.versions, store)
+        check_versions(done[cid], fingerprint.expected(job.versions, done[cid]), store)
     return {key: cid for key, cid in ids.items() if cid not in done}
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from fairkv.core import data, generation, models, paths, prompts
-from fairkv.core.presses import MITIGATIONS
+from fairkv.core.presses import MITIGATIONS, Setting
 from fairkv.core.progress import Bar
 from fairkv.core.prompts import Prompt
 
@@ -113,7 +113,7 @@ def measure(  # 9 parameters: notebook 09's, each a parameter of it
     with Bar(total=len(rounds) * len(work), desc="timings", disable=not progress) as bar:
         for round_ in rounds:
             for index, (prompt, query), policy, ratio, variant in work:
-                compressed = generation.compress(lm, prompt, policy, ratio, variant)
+                compressed = generation.compress(lm, prompt, Setting(policy, ratio=ratio, variant=variant))
                 reply = generation.answer(lm, compressed, prompt.query_ids(query), new_tokens, stop_at_eos=False)
                 rows.append(
                     {

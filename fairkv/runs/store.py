@@ -282,9 +282,10 @@ class ResultsStore:
         finally:
             os.close(fd)
 
-    def check(self, versions: dict | None = None) -> dict:
-        """Lines, unique cells, duplicate lines, an unterminated tail, rows of another schema and (given the current
-        ``versions``) rows computed under other library versions; and who computes it now."""
+    def check(self, expected=None) -> dict:
+        """Lines, unique cells, duplicate lines, an unterminated tail, rows of another schema and (given ``expected``,
+        the versions a row must carry: ``fingerprint.expected``) rows computed under other versions; and who computes
+        it now."""
         lines, tail = self.lines()
         cells = {row.get("cell_id") for row in lines}
         report = {
@@ -295,9 +296,9 @@ class ResultsStore:
             "unterminated_tail_bytes": tail,
             "other_schema": sum(row.get("schema") != SCHEMA for row in lines),
         }
-        if versions is not None:
+        if expected is not None:
             latest = {row.get("cell_id"): row for row in lines}.values()
-            report["other_versions"] = sum("versions" in row and row["versions"] != versions for row in latest)
+            report["other_versions"] = sum("versions" in row and row["versions"] != expected(row) for row in latest)
         holder = self.holder()
         report["computing"] = str(holder) if holder else None
         return report

@@ -46,6 +46,7 @@ import torch
 
 from fairkv.core import arithmetic, data, generation, metrics, models, per_setting, prompts, score_once
 from fairkv.core.attention import decoding
+from fairkv.core.presses import Setting, canonical
 from fairkv.core.presses.registry import runnable
 from fairkv.core.progress import Bar
 from fairkv.runs import atlas, experiment, fingerprint, judge, operative, tolerance
@@ -181,13 +182,13 @@ def _keep_rates(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
     return {row["cell_id"]: {**row, "keep": keep, "error": error, "n_tokens": prompt.n_tokens}}
 
 
-def _cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: experiment.Setting):
+def _cache(lm: models.LoadedModel, prompt: prompts.Prompt, setting: Setting):
     """The cell's compressed cache as its backend builds it, and the attention it decodes with."""
     if experiment.built_per_setting(setting):
         compressed, _ = per_setting.compressed(lm, prompt, [setting])
         return compressed[setting], decoding(lm.model, masked=True)
     prefilled = score_once.prefill(lm, prompt, (setting.policy,) if setting.policy else ())
-    return score_once.cut(prefilled, setting.policy, setting.ratio, setting.variant, setting.lam), decoding(lm.model)
+    return score_once.cut(prefilled, setting), decoding(lm.model)
 
 
 def _operative(row: dict, lm: models.LoadedModel, folder: Path) -> dict:
@@ -253,14 +254,7 @@ def verify(
         raise VerifyError(f"{path} holds no rows")
     kind = kind_of(path, rows)
     now = {name: value for name, value in kind.versions().items() if name in STAMPS}
-    expected = stamped or stamp(now)
-    foreign = sum(stamp(row.get("versions", {})) != expected for row in rows)
-    if foreign:
-        code = f"the stamp {stamped}" if stamped else f"this checkout's ({expected})"
-        raise VerifyError(
-            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than {code} "
-            "(fairkv.runs.fingerprint); check out the code that computed them"
-        )
+    rows = _to_check(path, rows, now, stamped)
     chosen = random.Random(seed).sample(rows, min(sample, len(rows)))
     report = Report(str(path), len(chosen), now)
     loaded = {}
@@ -281,6 +275,31 @@ def verify(
             bar.update(1)
     bar.close()
     return report
+
+
+def current(row: dict, now: dict) -> bool:
+    """The row carries the stamps of this checkout's code ``now`` (``STAMPS``) and of the press it ran."""
+    stamps = lambda versions: {name: versions.get(name) for name in (*STAMPS, "press")}
+    return stamps(row.get("versions", {})) == stamps(fingerprint.expected(now, row))
+
+
+def _to_check(path: Path, rows: list[dict], now: dict, stamped: str | None) -> list[dict]:
+    """The rows ``verify`` samples: every row, which must carry this checkout's stamps (``now``); with ``stamped``
+    (``restamp``'s check), the rows of code ``stamped`` that lack them (another press stamp, or none), while every
+    other row must carry them."""
+    stale = [row for row in rows if stamped and stamp(row.get("versions", {})) == stamped and not current(row, now)]
+    foreign = len(rows) - len(stale) - sum(current(row, now) for row in rows)
+    if foreign:
+        code = (
+            f"the stamp {stamped} or this checkout's ({stamp(now)})" if stamped else f"this checkout's ({stamp(now)})"
+        )
+        raise VerifyError(
+            f"{path}: {foreign} of {len(rows)} rows were computed by other result code than {code}, or by another "
+            "press than their stamp's (fairkv.runs.fingerprint); check out the code that computed them"
+        )
+    if stamped and not stale:
+        raise VerifyError(f"{path}: no row stamped {stamped} lacks this checkout's stamps: nothing to restamp")
+    return stale if stamped else rows
 
 
 def _compare(report: Report, kind: Kind, lm, row: dict, fresh: dict, reading) -> None:
@@ -343,11 +362,12 @@ def _scores(lm, row: dict) -> dict:
 def restamp(
     path: Path, was: str, sample: int = 20, seed: int = 0, progress: bool = True, reading=None
 ) -> tuple[Report, int]:
-    """Give the rows of ``path`` stamped ``was`` this checkout's stamp, after ``verify`` recomputed ``sample`` of them
-    with this checkout's code and none failed its rule (bitwise but for near ties on the arithmetic the rows record,
-    ``fairkv.runs.tolerance`` on other arithmetic: the report names the rule and the path): for a change of code
-    that keeps what rows hold (a new fingerprint, a refactoring) without computing them again. Returns the
-    verification and the rows restamped; a failure is an error and nothing is written."""
+    """Give the rows of ``path`` stamped ``was`` this checkout's stamps (the code's, and each row's press's), after
+    ``verify`` recomputed ``sample`` of the rows that lack them with this checkout's code and none failed its rule
+    (bitwise but for near ties on the arithmetic the rows record, ``fairkv.runs.tolerance`` on other arithmetic: the
+    report names the rule and the path): for a change of code that keeps what rows hold (a new fingerprint, a
+    refactoring, one press's edit) without computing them again. Returns the verification and the rows restamped; a
+    failure is an error and nothing is written."""
     report = verify(path, sample, seed, progress, stamped=was, reading=reading)
     if report.failed:
         raise VerifyError(f"{report}\n{path}: rows differ, so they keep their stamp {was}: compute them again")
@@ -355,9 +375,10 @@ def restamp(
 
     def change(row: dict) -> dict | None:
         versions = row.get("versions", {})
-        if stamp(versions) != was:
+        if stamp(versions) != was or current(row, now):
             return None
-        return {**row, "versions": {**versions, **{name: now[name] for name in STAMPS if name in versions}}}
+        versions = {**versions, **{name: now[name] for name in STAMPS if name in versions}}
+        return {**row, "versions": fingerprint.expected({k: v for k, v in versions.items() if k != "press"}, row)}
 
     return report, ResultsStore(path).restamp(change)
 
@@ -390,7 +411,7 @@ def near_tie(lm, row: dict, response: str) -> str | None:
     templates, attacks = data.load_defense_templates(), grid.attacks()
     record = next(r for r in data.load_records(row["dataset"]) if r.key == row["key"])
     prompt = prompts.prompt_for(tokenizer, record, templates, row["order"], grid.template)
-    setting = experiment.canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
+    setting = canonical(row["policy"], row["variant"], row["lam"], row["ratio"])
     compressed, attention = _cache(lm, prompt, setting)
     query = prompt.query_ids({**attacks, "benign": None}[row["query"]] or record.user)
     stored, fresh = (tokenizer(text, add_special_tokens=False).input_ids for text in (row["response"], response))

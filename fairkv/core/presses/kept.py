@@ -15,7 +15,7 @@ import torch
 from kvpress import BasePress
 
 from fairkv.core.attention import implementation
-from fairkv.core.presses.registry import PolicyError
+from fairkv.core.presses.policy import PolicyError
 
 SEED = 0
 

@@ -27,7 +27,8 @@ from transformers import AutoTokenizer
 
 from fairkv.core.presses import rates
 from fairkv.core.presses.recording import RecordingPress
-from fairkv.core.presses.selection import check_lam
+from fairkv.core.presses.selection import Marks
+from fairkv.core.presses.setting import Setting, Variant, check_lam
 from fairkv.core.prompts import Span
 
 
@@ -107,8 +108,8 @@ class _TextPress(BasePress):
             raise NativePressError("wrap a press in at most one WhitelistPress and one FairPress")
         protected = tuple(sorted({t for phrase in phrases for t in _phrase_tokens(text, offsets, phrase)}))
         spans = _partition(text, offsets, fair[0].spans) if fair else ()
-        variant = "+".join(v for v, on in (("fair", fair), ("whitelist", phrases)) if on)
-        return RecordingPress(scorer, variant, spans, protected, fair[0].lam if fair else 1.0)
+        setting = Setting(None, Variant.of(fair=bool(fair), whitelist=bool(phrases)), fair[0].lam if fair else 1.0)
+        return RecordingPress(scorer, setting, Marks(spans, protected))
 
     def keep_rates(self, spans: Sequence[str] | None = None) -> dict[str, float]:
         """Each span's keep rate in the last context compressed, keyed by its text (Section 4's definition,

@@ -5,7 +5,7 @@ policies (``registry.REGISTRY``) the way kvpress's own are declared there: after
 paper's five (by its key: the label in lower case), so grids, the engine, the atlas, the operative words and the audit
 take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent" (a token's
 own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the registry
-applies to every cross-token scorer, ``registry.KIND_SCORERS``). A score-once press must score without reading the
+applies to every cross-token scorer, ``policy.KIND_SCORERS``). A score-once press must score without reading the
 ratio or drawing random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with
 ``backend=PER_SETTING``.
 
@@ -29,7 +29,8 @@ from typing import Callable
 
 from kvpress import BasePress, ScorerPress
 
-from fairkv.core.presses.registry import KIND_SCORERS, NOT_RUN, PER_SETTING, REGISTRY, SCORE_ONCE, Policy, PolicyError
+from fairkv.core.presses.policy import KIND_SCORERS, PER_SETTING, SCORE_ONCE, Policy, PolicyError
+from fairkv.core.presses.registry import NOT_RUN, REGISTRY
 
 
 def source_hash(press: BasePress, scoring_kind: str, backend: str) -> str:
@@ -67,7 +68,10 @@ def register(
         raise PolicyError(f"{name}: build(r) must return a kvpress press, got {type(press).__name__}")
     if backend == SCORE_ONCE and not isinstance(press, ScorerPress):
         raise PolicyError(f"{name} is no ScorerPress: only scorers are scored once; register it with {PER_SETTING!r}")
-    policy = Policy(label.lower(), label, type(press), build, scoring_kind, backend, ratio_free=backend == SCORE_ONCE)
+    local = KIND_SCORERS[scoring_kind] if backend == SCORE_ONCE else None
+    policy = Policy(
+        label.lower(), label, type(press), build, scoring_kind, backend, local, ratio_free=backend == SCORE_ONCE
+    )
     held = {n for p in REGISTRY.values() for n in (p.name, p.label, p.key)} | set(NOT_RUN)
     taken = [n for n in (name, label, policy.key) if n in held]
     if taken:

@@ -15,16 +15,14 @@ from fairkv.core.prompts import Span
 
 
 def keep_rates(kept: dict[int, torch.Tensor], spans: Sequence[Span], n_tokens: int) -> dict[str, float]:
-    """Keep rate per span: per layer the mean over KV heads of |kept ∩ span| / |span|, then the mean over layers."""
+    """Keep rate per span from the kept positions (batch, kv_heads, n_kept) of each layer (``span_rates``)."""
     if not kept:
         return {span.name: 1.0 for span in spans}
-    per_layer = []
-    for indices in kept.values():  # (batch, kv_heads, n_kept)
+    masks = []
+    for indices in kept.values():
         mask = torch.zeros(*indices.shape[:2], n_tokens, dtype=torch.bool, device=indices.device)
-        mask.scatter_(-1, indices, True)
-        per_layer.append(torch.stack([mask[..., s.start : s.end].float().mean(-1).mean() for s in spans]))
-    rates = torch.stack(per_layer).mean(0)
-    return {span.name: float(rate) for span, rate in zip(spans, rates)}
+        masks.append(mask.scatter_(-1, indices, True))
+    return span_rates(masks, spans)
 
 
 def keep_map(kept: dict[int, torch.Tensor], n_tokens: int) -> torch.Tensor:
@@ -42,7 +40,7 @@ def keep_map(kept: dict[int, torch.Tensor], n_tokens: int) -> torch.Tensor:
 
 
 def span_rates(masks: list[torch.Tensor], spans) -> dict[str, float]:
-    """Keep rate per span from per-layer masks: ``keep_rates``'s definition (per layer the mean over KV heads
-    of |kept ∩ span| / |span|, then the mean over layers), for kept sets of any size per head."""
+    """Keep rate per span from per-layer masks of kept positions (kept sets of any size per head): per layer the
+    mean over KV heads of |kept ∩ span| / |span|, then the mean over layers."""
     rates = torch.stack([torch.stack([m[..., s.start : s.end].float().mean(-1).mean() for s in spans]) for m in masks])
     return {span.name: float(rate) for span, rate in zip(spans, rates.mean(0))}

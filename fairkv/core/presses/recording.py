@@ -8,39 +8,32 @@ positions, and gathers keys and values.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from kvpress import BasePress, ScorerPress
 from torch import nn
 
-from fairkv.core.presses.registry import check_variant, policy_of
-from fairkv.core.presses.selection import check_lam, check_spans, choose, gather_kept
+from fairkv.core.presses.registry import policy_of
+from fairkv.core.presses.selection import Marks, choose, gather_kept
+from fairkv.core.presses.setting import Setting
 
 
 @dataclass
 class RecordingPress(BasePress):
-    """Compress like ``press`` in ``variant`` (base, whitelist, fair, fair+whitelist) and record the kept positions.
+    """Compress like ``press`` in ``setting``'s variant (base, whitelist, fair, fair+whitelist) and lam (the
+    debiasing weight of Appendix G: 1 = fair eviction, 0 = base policy), and record the kept positions.
 
-    ``spans`` (token ranges partitioning the prefix) are needed by fair variants, ``protected`` (whitelist positions)
-    by whitelist variants; ``lam`` is the debiasing weight of Appendix G (1 = fair eviction, 0 = base policy).
+    ``marks``: the spans (token ranges partitioning the prefix) fair variants need and the positions whitelist
+    variants protect. The ratio is the press's own (``setting.ratio`` is not read).
     """
 
     press: ScorerPress
-    variant: str = "base"
-    spans: tuple[tuple[int, int], ...] = ()
-    protected: tuple[int, ...] = ()
-    lam: float = 1.0
+    setting: Setting = Setting(None)
+    marks: Marks = Marks()
     keep_only_whitelist: bool = False
     kept: dict[int, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
-
-    def __post_init__(self):
-        check_variant(self.variant)
-        check_lam(self.lam)
-        self.spans = tuple((int(s), int(e)) for s, e in self.spans)
-        self.protected = tuple(int(p) for p in self.protected)
-        if self.spans:
-            check_spans(self.spans, self.spans[-1][1])
 
     @property
     def compression_ratio(self) -> float:
@@ -58,18 +51,12 @@ class RecordingPress(BasePress):
         scorers = {
             "press": lambda: self.press.score(*args),
             "ranking": lambda: policy.ranking_scores(self.press, *args),
-            "local": lambda: policy.local_scores(self.press, *args, self.spans),
+            "local": lambda: policy.local_scores(self.press, *args, self.marks.spans),
         }
+        setting = dataclasses.replace(self.setting, ratio=self.compression_ratio)
+        reserved = policy.reserved_positions(self.press, n)
         indices = choose(
-            lambda kind: scorers[kind](),
-            (batch, heads, n),
-            self.compression_ratio,
-            self.variant,
-            self.lam,
-            self.spans,
-            self.protected,
-            self.keep_only_whitelist,
-            policy.reserved_positions(self.press, n),
+            lambda kind: scorers[kind](), (batch, heads, n), setting, self.marks, self.keep_only_whitelist, reserved
         ).to(keys.device)
         keys, values, self.kept[module.layer_idx] = gather_kept(keys, values, indices)
         return keys, values

@@ -6,7 +6,7 @@ budget asks for fewer tokens than the window holds; we rank by position instead 
 keeps exactly kvpress's set at its own budget and "the most recent tokens" at any other.
 
 The span-local scores implement the per-policy adaptations of Appendix F so that one span's queries never score
-another span's keys (each policy's ``local`` in ``fairkv.core.presses.registry``). Scores are only compared within a
+another span's keys (each policy's ``local`` in ``fairkv.core.presses.policies``). Scores are only compared within a
 span. Shapes: attentions (batch, heads, n, n); scores (batch, kv_heads, n). SnapKV, H2O and TOVA read the attention weights the eager attention layer returns.
 
 Relation to the authors' code: their SnapKV later window includes the template suffix and their TOVA's second anchor
@@ -20,7 +20,7 @@ Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99
 refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
 
 Beyond the paper, every other score-once policy of the registry gets its span-local scores by its ``scoring`` kind
-(``registry.KIND_SCORERS``):
+(``policy.KIND_SCORERS``):
 
 - "independent" (a token's score reads only that token: K-Norm, Random): the press's own score is already local;
 - "cross-token" (the score reads other tokens' queries, keys or values): each span is scored as a prompt of its own

@@ -26,13 +26,14 @@ Differs from the authors' code: their fair presses ignore the whitelist; here th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from kvpress.utils import compute_n_kept
 
 from fairkv.core.presses.budget import debiased_budgets
-from fairkv.core.presses.registry import check_variant
+from fairkv.core.presses.setting import Setting
 
 
 class WhitelistError(ValueError):
@@ -59,50 +60,55 @@ def check_spans(spans: Sequence[tuple[int, int]], n: int) -> None:
         raise SpanError(f"spans cover [{spans[0][0]}, {spans[-1][1]}) but the prefix has {n} tokens")
 
 
-def check_variant_inputs(variant: str, spans: Sequence[tuple[int, int]], protected: Sequence[int]) -> None:
-    """A variant gets what it needs: whitelist variants positions to protect, fair variants the prompt's spans."""
-    check_variant(variant)
-    if "whitelist" in variant and not protected:
-        raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
-    if variant.startswith("fair") and not spans:
-        raise SpanError("fair eviction needs the prompt's spans")
+@dataclass(frozen=True)
+class Marks:
+    """What a setting's variant reads of the prompt, in token positions of the prefix: ``spans`` (start, end) that
+    partition it (fair eviction) and ``protected`` positions (the whitelist)."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+    protected: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "spans", tuple((int(s), int(e)) for s, e in self.spans))
+        object.__setattr__(self, "protected", tuple(int(p) for p in self.protected))
+        if self.spans:
+            check_spans(self.spans, self.spans[-1][1])
+
+    def require(self, setting: Setting) -> None:
+        """A variant gets what it needs: whitelist variants positions to protect, fair variants the prompt's spans."""
+        if setting.variant.whitelist and not self.protected:
+            raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
+        if setting.variant.fair and not self.spans:
+            raise SpanError("fair eviction needs the prompt's spans")
 
 
-def check_lam(lam: float) -> float:
-    if not 0.0 <= float(lam) <= 1.0:
-        raise ValueError(f"lam = {lam} is outside [0, 1]: 0 is the base policy, 1 fair eviction")
-    return float(lam)
-
-
-def choose(  # 9 parameters: a setting's fields and the prompt's spans
+def choose(
     scores: Callable[[str], torch.Tensor],
     shape: tuple[int, int, int],
-    ratio: float,
-    variant: str = "base",
-    lam: float = 1.0,
-    spans: Sequence[tuple[int, int]] = (),
-    protected: Sequence[int] = (),
+    setting: Setting,
+    marks: Marks = Marks(),
     keep_only_whitelist: bool = False,
     reserved: Sequence[int] = (),
 ) -> torch.Tensor:
-    """Indices (batch, kv_heads, n_kept) to keep for a prefix of ``shape`` = (batch, kv_heads, n).
+    """Indices (batch, kv_heads, n_kept) to keep for a prefix of ``shape`` = (batch, kv_heads, n) in ``setting``
+    (its variant, lam and ratio).
 
     ``reserved``: positions the policy always keeps and fair eviction keeps outside its split (StreamingLLM's sinks,
     ``Policy.reserved_positions``); the whitelist comes before them when the budget cannot hold both."""
     batch, heads, n = shape
-    check_variant(variant)
+    variant, ratio = setting.variant, setting.ratio
     n_kept = compute_n_kept(n, ratio)
-    if variant == "base":
+    if not (variant.fair or variant.whitelist):
         return topk_select(scores("press"), n_kept)
-    whitelist = tuple(protected) if "whitelist" in variant else ()
+    whitelist = marks.protected if variant.whitelist else ()
     if check_whitelist(whitelist, n, n_kept, keep_only_whitelist, ratio):
         return torch.tensor(whitelist).expand(batch, heads, len(whitelist))
     base = whitelist_select(scores("ranking"), n_kept, whitelist)
-    if not variant.startswith("fair") or lam == 0.0:
+    if not variant.fair or setting.lam == 0.0:
         return base
-    check_spans(spans, n)
+    check_spans(marks.spans, n)
     reserved = [p for p in reserved if p not in set(whitelist)][: n_kept - len(whitelist)]
-    return fair_select(base, scores("local"), n_kept, spans, whitelist, lam, reserved)
+    return fair_select(base, scores("local"), n_kept, marks.spans, whitelist, setting.lam, reserved)
 
 
 def gather_kept(keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
