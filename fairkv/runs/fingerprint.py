@@ -27,6 +27,12 @@ and the field defaults of the plans that carry a scale (``PLANS``: ``experiment.
 absent: a study grown to 200 prompts, or a profile given other ratios, keeps every fingerprint, and its new rows join
 the old ones in the same store.
 
+A press is its own unit (issue 69): each policy is one binding of ``core/presses/policies.py`` (``DECLARATIONS``),
+which no entry point reaches (the registry gathers the bindings without naming them), and each row that ran a press
+carries the stamp of that press beside its code's (``press_stamp``: the binding walked as a root, so its build, its
+settings and its span-local score; ``stamped``, ``expected``). Adding a press keeps every other row's stamps, and an
+edit of one press's declaration or scoring moves that press's rows' stamp alone.
+
 ``versions`` stamps ``code_fingerprint()`` and the libraries' versions on every row; ``experiment.run`` refuses a
 store whose rows carry another, and ``fairkv restamp`` (``verify.restamp``) gives rows a new fingerprint only after
 recomputing a sample of them identically. The judge's scores (``fairkv.runs.judge``) carry a fingerprint of their

@@ -6,7 +6,7 @@ paper's five (by its key: the label in lower case), so grids, the engine, the at
 take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent" (a token's
 own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the registry
 applies to every cross-token scorer, ``policy.KIND_SCORERS``). A score-once press must score without reading the
-ratio or drawing random numbers (``registry``'s rule for ``SCORE_ONCE``); otherwise register it with
+ratio or drawing random numbers (``policy``'s rule for ``SCORE_ONCE``); otherwise register it with
 ``backend=PER_SETTING``.
 
 The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a

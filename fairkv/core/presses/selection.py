@@ -6,7 +6,7 @@ engine (which scores once and cuts the same scores at many ratios). It asks for 
 (batch, kv_heads, n), computed or looked up by the caller:
 
 - "press": the kvpress press's own score (the base variant is exactly ``ScorerPress.compress``);
-- "ranking": the same ranking, with StreamingLLM's ties broken by recency (``Policy.ranking_scores``, ``fairkv.core.presses.registry``);
+- "ranking": the same ranking, with StreamingLLM's ties broken by recency (``Policy.ranking_scores``, ``fairkv.core.presses.policy``);
 - "local": Appendix F's span-local scores (``Policy.local_scores``).
 
 Whitelist: the whitelisted positions are always kept (before StreamingLLM's sinks, which it also scores +inf) and the
