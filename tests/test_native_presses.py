@@ -37,20 +37,21 @@ def test_whitelist_and_fair_eviction_compose_through_kvpress_pipeline(smollm, co
     answer = pipe(text, question="Write one sentence about the sea.", press=press, max_new_tokens=4)["answer"]
     assert isinstance(answer, str) and answer
     recorder = press._recorder
-    n = recorder.spans[-1][1]
-    assert recorder.variant == "fair+whitelist" and recorder.spans[0][0] == 0 and len(press.kept) == 30
+    spans = recorder.marks.spans
+    n = spans[-1][1]
+    assert recorder.setting.variant == "fair+whitelist" and spans[0][0] == 0 and len(press.kept) == 30
     ids = pipe.preprocess(text, [""], "", 10_000)["context_ids"][0]
     assert len(ids) == n
-    decoded = [smollm.tokenizer.decode(ids[s:e]) for s, e in recorder.spans]
+    decoded = [smollm.tokenizer.decode(ids[s:e]) for s, e in spans]
     assert defense in decoded[0] and directive in decoded[1]
-    assert PHRASE in smollm.tokenizer.decode(ids[list(recorder.protected)])
+    assert PHRASE in smollm.tokenizer.decode(ids[list(recorder.marks.protected)])
     n_kept = compute_n_kept(n, 0.5)  # kvpress's own budget
     for kept in press.kept.values():
         assert kept.shape[-1] == n_kept
         for head in kept[0]:
             positions = set(head.tolist())
-            assert set(recorder.protected) <= positions
-            for start, end in recorder.spans:
+            assert set(recorder.marks.protected) <= positions
+            for start, end in spans:
                 share = sum(start <= p < end for p in positions)
                 assert abs(share - n_kept * (end - start) / n) <= 1
 

@@ -33,7 +33,7 @@ def test_a_head_masked_cache_decodes_as_the_gathered_one(smollm, normal_prompt, 
     prefilled = score_once.prefill(smollm, normal_prompt, ("snapkv",))
     gathered = score_once.cut(prefilled, Setting("snapkv", ratio=0.5))
     masked = generation.Compressed(
-        _masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0, "snapkv", 0.5
+        _masked(prefilled.cache, gathered.kept), normal_prompt.n_tokens, gathered.kept, 0.0, gathered.setting
     )
     query = normal_prompt.query_ids(attack)
     expected = generation.answer_batch(smollm, [(gathered, query)], 24)[0]
