@@ -22,7 +22,16 @@ import importlib.util
 __version__ = "0.1.0"
 
 # the core's names (fairkv.core.presses)
-CORE = ("WhitelistPress", "FairPress", "NativePressError", "keep_rates", "RecordingPress", "build_press")
+CORE = (
+    "WhitelistPress",
+    "FairPress",
+    "NativePressError",
+    "keep_rates",
+    "RecordingPress",
+    "build_press",
+    "Setting",
+    "Marks",
+)
 # what the artifact's command line needs beyond the core (the extra "artifact" in pyproject.toml)
 ARTIFACT_MODULES = ("papermill", "matplotlib", "seaborn", "scipy", "rouge_score", "lm_eval", "gguf")
 

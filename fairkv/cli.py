@@ -320,18 +320,19 @@ def run_store(action: str, paths: list[Path]) -> int:
     """Print each store's check (lines, cells, duplicates, other versions, who computes it), compact or seal it."""
     if not paths:
         raise SystemExit(f"fairkv store: no store in {results_dir()}; name the files")
+    versions = fingerprint.versions()
     for path in paths:
         if not path.is_file():
             raise SystemExit(f"fairkv store: no store file {path}")
         store = ResultsStore(path)
         try:
             actions = {
-                "check": lambda: store.check(lambda row: fingerprint.expected(fingerprint.versions(), row)),
+                "check": lambda: store.check(lambda row: fingerprint.expected(versions, row)),
                 "compact": store.compact,
                 "seal": store.seal,
             }
             report = actions[action]()
-        except StoreError as error:
+        except (StoreError, fingerprint.FingerprintError) as error:
             raise SystemExit(f"fairkv store {action}: {error}") from error
         print(" ".join(f"{name}={value}" for name, value in report.items()), flush=True)
     return 0
@@ -359,7 +360,7 @@ def run_verify(paths: list[Path], sample: int, seed: int) -> int:
     for path in paths:
         try:
             reports.append(verify.verify(path, sample, seed, reading=outcomes.reading))
-        except verify.VerifyError as error:
+        except (verify.VerifyError, fingerprint.FingerprintError) as error:
             raise SystemExit(f"fairkv verify: {error}") from error
         print(reports[-1], flush=True)
     return int(any(report.failed for report in reports))
@@ -370,7 +371,7 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
     for path in paths:
         try:
             report, changed = verify.restamp(path, was, sample, seed, reading=outcomes.reading)
-        except verify.VerifyError as error:
+        except (verify.VerifyError, fingerprint.FingerprintError) as error:
             raise SystemExit(f"fairkv restamp: {error}") from error
         print(f"{report}\n{path}: {changed} rows restamped {was} -> {verify.stamp(report.now)}", flush=True)
     return 0

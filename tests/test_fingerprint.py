@@ -173,7 +173,7 @@ def test_adding_a_press_keeps_every_other_stamp(package):
     edit(
         declarations,
         "\n# the one registry:",
-        '\nKEYDIFF_AGAIN = _scorer("KeyDiffPress", "KeyDiffAgain", "cross-token")\n\n# the one registry:',
+        '\nKEYDIFF_AGAIN = _cross_token("KeyDiffPress", "KeyDiffAgain")\n\n# the one registry:',
     )
     assert stamps() == before
     assert "keydiffagain" in runpy.run_path(str(declarations))["REGISTRY"]  # the binding alone registers it
@@ -182,7 +182,8 @@ def test_adding_a_press_keeps_every_other_stamp(package):
 
 def test_editing_one_press_moves_only_its_stamp(package):
     """An edit of SnapKV's span-local score (Appendix F.4) moves SnapKV's stamp alone: no code fingerprint, no other
-    press's; an edit of the selection every press runs moves the code's fingerprints and no press stamp."""
+    press's; an edit of the selection every press runs moves the code's fingerprints and no press stamp; an edit of the
+    independent kind's span-local score only the stamp of the press declared with it."""
     before = stamps()
     edit(package / "core" / "presses" / "scoring.py", "votes.max() + 1", "votes.max() + 2")
     after = stamps()
@@ -190,6 +191,9 @@ def test_editing_one_press_moves_only_its_stamp(package):
     edit(package / "core" / "presses" / "selection.py", "or setting.lam == 0.0", "or setting.lam <= 0.0")
     moved = {name for name, value in stamps().items() if value != after[name]}
     assert moved == {"sweep", "operative"}  # the atlas keeps the base selection alone
+    middle = stamps()  # the independent kind's span-local score: the one declaration that names it (Random's)
+    edit(package / "core" / "presses" / "scoring.py", "values, None, kwargs)", "values, attentions, kwargs)")
+    assert {name for name, value in stamps().items() if value != middle[name]} == {"random"}
 
 
 def test_a_row_carries_the_stamp_of_its_press():
@@ -202,3 +206,10 @@ def test_a_row_carries_the_stamp_of_its_press():
     assert fingerprint.expected(versions, {"policy": "none"}) == versions
     assert fingerprint.expected(versions, {"judged": "cell"}) == versions
     assert len({fingerprint.press_stamp(key) for key in registry.REGISTRY}) == len(registry.REGISTRY)
+
+
+def test_rows_of_a_press_this_process_does_not_know_are_named():
+    """A press of one's own registered in another process: its rows' stamp cannot be read here, and the error says so
+    (a raw lookup error before)."""
+    with pytest.raises(fingerprint.FingerprintError, match=r"press 'earliest', which this process does not know"):
+        fingerprint.expected({}, {"policy": "earliest"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -14,8 +15,8 @@ from sweeps import GRID, complete_lines
 from fairkv import cli
 from fairkv.core import arithmetic
 from fairkv.report import outcomes
-from fairkv.runs import experiment, fingerprint, judge, tolerance, verify
-from fairkv.runs.store import ResultsStore
+from fairkv.runs import experiment, fingerprint, judge, runner, tolerance, verify
+from fairkv.runs.store import ResultsStore, StoreError
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +299,35 @@ def test_rows_of_one_press_without_its_stamp_are_restamped_alone(stored):
         assert restamped[row["cell_id"]] == {**row, "versions": {**row["versions"], **press}}
     with pytest.raises(verify.VerifyError, match="nothing to restamp"):
         verify.restamp(stored, fingerprint.code_fingerprint(), sample=100, progress=False)
+
+
+def test_rows_a_task_returns_under_another_press_stamp_are_refused(smollm, tmp_path):
+    """Issue 69: the runner checks every row a task returns against this process's stamps before it stores it, so a
+    worker whose declaration of a press differs (another press stamp; its code stamp alike) appends nothing."""
+
+    @dataclass(frozen=True)
+    class Job:
+        versions: dict
+        press: str
+
+        def cells(self):
+            return {"a": "cell-a"}
+
+        def tasks(self, missing):
+            return [missing]
+
+        def load(self, device=None):
+            return smollm
+
+        def model_key(self):
+            return (smollm.name,)
+
+        def compute(self, lm, tasks):
+            yield [{"cell_id": "cell-a", "policy": "snapkv", "versions": {**self.versions, "press": self.press}}]
+
+    store = ResultsStore(tmp_path / "rows.jsonl")
+    with pytest.raises(StoreError, match="computed with press 0123456789ab"):
+        runner.run(Job(fingerprint.versions(), "0123456789ab"), store, lm=smollm, progress=False)
+    assert store.rows() == {}
+    runner.run(Job(fingerprint.versions(), fingerprint.press_stamp("snapkv")), store, lm=smollm, progress=False)
+    assert list(store.rows()) == ["cell-a"]

@@ -126,7 +126,7 @@ def setting_mask(entry: Policy, setting: Setting, marks: Marks, layer: Layer, mo
 
 
 class _Masks(BasePress):
-    """Per layer, the kept mask of every setting asked (anything with ``policy``, ``variant`` and ``ratio``), on the
+    """Per layer, the kept mask of every setting asked (each a ``Setting``), on the
     layer's uncompressed prefill; compresses nothing."""
 
     def __init__(self, settings: list, prompt: prompts.Prompt):

@@ -69,6 +69,7 @@ NEUTRAL = (
     "runs/fingerprint.py",
 )
 DECLARATIONS = "core/presses/policies.py"  # one binding per policy: the root of its rows' press stamp
+OWN = "core/presses/policy.py:KIND_SCORERS"  # a press of one's own: its source, and its kind's span-local scores
 SCALE = ("runs/studies.py",)  # which rows each study and profile asks for: counted by name, like NEUTRAL
 PLANS = ("runs/experiment.py:Grid", "runs/atlas.py:Plan")  # their field defaults are a scale: not counted
 
@@ -312,15 +313,29 @@ def code_fingerprint() -> str:
     return of(SWEEP)
 
 
-@lru_cache(maxsize=None)
 def press_stamp(policy: str) -> str:
     """The fingerprint of the press a row ran (``policy``: its key, label or class name): its binding in
     ``DECLARATIONS`` as a root, so the stamp covers how the press is built, its settings and its scoring (Appendix
     F's span-local score among them) and nothing of another press's. No entry point reaches a binding (the registry
     gathers them without naming them): a press added or edited moves only its own rows' stamp. A press of one's own
-    (``presses.own``) is stamped by the hash of its source, which its cell ids hold too."""
-    found = registry.runnable([policy])[0]
-    return found.source or of((f"{DECLARATIONS}:{policies.BINDINGS[found.key]}",))
+    (``presses.own``) is stamped by the hash of its source, which its cell ids hold too, and the span-local scores of
+    its kind (``OWN``: ``own.register`` picks one of them). A press this process does not know (one's own, registered
+    in another) is an error naming it."""
+    try:
+        found = registry.runnable([policy])[0]
+    except registry.PolicyError as error:
+        raise FingerprintError(
+            f"rows of press {policy!r}, which this process does not know ({error}): a press of one's own is "
+            "registered first (fairkv.core.presses.own.register), as where its rows were computed"
+        ) from None
+    if found.source:
+        return f"{found.source}/{_stamp_of(OWN)}"
+    return _stamp_of(f"{DECLARATIONS}:{policies.BINDINGS[found.key]}")
+
+
+@lru_cache(maxsize=None)
+def _stamp_of(root: str) -> str:
+    return of((root,))
 
 
 def stamped(versions: dict, policy: str | None) -> dict:
@@ -338,7 +353,7 @@ def clear() -> None:
     """Forget parsed modules and fingerprints (after the package's files changed, or ``PACKAGE`` moved)."""
     _module.cache_clear()
     code_fingerprint.cache_clear()
-    press_stamp.cache_clear()
+    _stamp_of.cache_clear()
 
 
 def versions() -> dict[str, str]:

@@ -71,6 +71,8 @@ def run(  # 7 parameters: the job, its store and the options every kind of row s
             tasks = job.tasks(list(missing)) if missing else []
             for rows in executors.executor(executor, lm).map(job, tasks):
                 rows = [row for row in rows if row["cell_id"] not in done]  # a task retried after its rows landed
+                for row in rows:  # a worker of other code, or of another press than this process's, is refused
+                    check_versions(row, fingerprint.expected(job.versions, row), store)
                 done.update({row["cell_id"]: row for row in store.append(rows)})
                 bar.update(len(rows))
             bar.close()

@@ -1,7 +1,7 @@
 """A press of one's own (issue 54, item 4): a press written in fairkv, or a user's, in the registry beside kvpress's.
 
 ``register`` puts a kvpress ``ScorerPress`` (or any ``BasePress`` for the per-setting backend) in the one registry of
-policies (``registry.REGISTRY``) the way kvpress's own are declared there: after it, the press is a policy like the
+policies (``registry.REGISTRY``) as kvpress's own are declared in ``policies``: after it, the press is a policy like the
 paper's five (by its key: the label in lower case), so grids, the engine, the atlas, the operative words and the audit
 take it, and fair eviction's span-local scores (Appendix F) follow the scoring it declares: "independent" (a token's
 own score, as K-Norm's) or "cross-token" (the span scored as if it were the whole prompt, the rule the registry
@@ -11,7 +11,8 @@ ratio or drawing random numbers (``policy``'s rule for ``SCORE_ONCE``); otherwis
 
 The fingerprint of fairkv's code (``fairkv.runs.fingerprint``) covers the package, not a user's module, so a
 registered press carries a hash of its class's source (``source_hash``) and every cell id of its rows holds it
-(``registry.provenance``): an edit of the press makes new cells and never mixes with the rows of the old one. The
+(``registry.provenance``): an edit of the press makes new cells and never mixes with the rows of the old one. Its rows'
+press stamp (``fingerprint.press_stamp``) is that hash with the span-local scores of the kinds it may declare. The
 registration lives in the process that made it: a Ray worker (``executor="ray"``) imports fairkv without it, so run a
 press of one's own in this process (the default executor).
 

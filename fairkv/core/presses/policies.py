@@ -27,7 +27,6 @@ from kvpress import (
 
 from fairkv.core.presses import scoring
 from fairkv.core.presses.policy import (
-    KIND_SCORERS,
     PER_SETTING,
     SCORE_ONCE,
     SNAPKV_WINDOW,
@@ -111,13 +110,25 @@ KNORM = _paper(
 )
 
 
-def _scorer(name: str, label: str, scoring_kind: str, ratio_free: bool = True, backend: str = SCORE_ONCE) -> Policy:
-    """A kvpress ``ScorerPress`` at its defaults, its span-local score its kind's (``KIND_SCORERS``) when scored
-    once; ``backend`` PER_SETTING where its score reads the ratio or draws random numbers at every call (a sketch the
+def _scorer(  # 6 parameters: a scorer's names, its kind with the kind's span-local score, and its backend
+    name: str, label: str, scoring_kind: str, local: LocalScorer, ratio_free: bool = True, backend: str = SCORE_ONCE
+) -> Policy:
+    """A kvpress ``ScorerPress`` at its defaults, its span-local score its kind's (``local``) when scored once;
+    ``backend`` PER_SETTING where its score reads the ratio or draws random numbers at every call (a sketch the
     score-once backend would draw once for all settings)."""
     cls = getattr(kvpress, name)
-    local = KIND_SCORERS[scoring_kind] if backend == SCORE_ONCE else None
+    local = local if backend == SCORE_ONCE else None
     return Policy(label.lower(), label, cls, lambda r: cls(r), scoring_kind, backend, local, ratio_free=ratio_free)
+
+
+def _cross_token(name: str, label: str, **declared) -> Policy:
+    """A scorer whose score of a token reads other tokens: each span scored as a prompt of its own."""
+    return _scorer(name, label, "cross-token", scoring.span_as_prompt, **declared)
+
+
+def _independent(name: str, label: str, **declared) -> Policy:
+    """A scorer whose score of a token reads that token alone: its own score is already span-local."""
+    return _scorer(name, label, "independent", scoring.independent_scores, **declared)
 
 
 def _wrapper(name: str, label: str, build: Callable[[float], BasePress]) -> Policy:
@@ -125,16 +136,16 @@ def _wrapper(name: str, label: str, build: Callable[[float], BasePress]) -> Poli
     return Policy(label.lower(), label, getattr(kvpress, name), build, "wrapper of SnapKV", PER_SETTING)
 
 
-EXPECTED_ATTENTION = _scorer("ExpectedAttentionPress", "ExpectedAttention", "cross-token")
-KEYDIFF = _scorer("KeyDiffPress", "KeyDiff", "cross-token")
-LAGKV = _scorer("LagKVPress", "LagKV", "cross-token")
-CUR = _scorer("CURPress", "CUR", "cross-token")
+EXPECTED_ATTENTION = _cross_token("ExpectedAttentionPress", "ExpectedAttention")
+KEYDIFF = _cross_token("KeyDiffPress", "KeyDiff")
+LAGKV = _cross_token("LagKVPress", "LagKV")
+CUR = _cross_token("CURPress", "CUR")
 # a random sketch drawn at every call; Compactor's also blends its two scores by the ratio
-LEVERAGE_SCORE = _scorer("LeverageScorePress", "LeverageScore", "cross-token", backend=PER_SETTING)
-COMPACTOR = _scorer("CompactorPress", "Compactor", "cross-token", ratio_free=False, backend=PER_SETTING)
-CAP = _scorer("CapPress", "CAP", "cross-token")
-NON_CAUSAL_ATTN = _scorer("NonCausalAttnPress", "NonCausalAttn", "cross-token")
-RANDOM = _scorer("RandomPress", "Random", "independent", backend=PER_SETTING)  # the control
+LEVERAGE_SCORE = _cross_token("LeverageScorePress", "LeverageScore", backend=PER_SETTING)
+COMPACTOR = _cross_token("CompactorPress", "Compactor", ratio_free=False, backend=PER_SETTING)
+CAP = _cross_token("CapPress", "CAP")
+NON_CAUSAL_ATTN = _cross_token("NonCausalAttnPress", "NonCausalAttn")
+RANDOM = _independent("RandomPress", "Random", backend=PER_SETTING)  # the control
 ADAKV = _wrapper("AdaKVPress", "AdaKV(SnapKV)", lambda r: kvpress.AdaKVPress(_snapkv(r)))
 CRITICALKV = _wrapper("CriticalKVPress", "CriticalKV(SnapKV)", lambda r: kvpress.CriticalKVPress(_snapkv(r)))
 CRITICAL_ADAKV = _wrapper(

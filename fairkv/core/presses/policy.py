@@ -31,7 +31,8 @@ class PolicyError(ValueError):
 
 # a span-local scorer (Appendix F): (press, module, hidden_states, keys, values, attentions, kwargs, spans) -> scores
 LocalScorer = Callable[..., torch.Tensor]
-# fair eviction's span-local scores of a scorer without a rule of its own, by how its score reads tokens
+# fair eviction's span-local scores of a scorer without a rule of its own, by how its score reads tokens (a
+# declaration names its kind's, so that its stamp covers that one alone; ``own.register`` picks by kind)
 KIND_SCORERS: dict[str, LocalScorer] = {
     "independent": scoring.independent_scores,
     "cross-token": scoring.span_as_prompt,
@@ -47,7 +48,8 @@ class Policy:
 
     ``scoring`` says whether the press's score of a token reads other tokens ("cross-token": queries, keys or values
     of other positions), only the token itself ("independent"), or is a wrapper's ("wrapper of <inner>"); ``local``
-    is Appendix F's span-local score where the paper gives the policy one, else the kind's (``KIND_SCORERS``);
+    is Appendix F's span-local score where the paper gives the policy one, else the kind's (``KIND_SCORERS``, as its
+    declaration names it), none for a press built per setting;
     ``rank`` a ranking other than the press's own score and ``reserved`` positions kept whatever the budget
     (StreamingLLM's). ``attentions``: the press reads the prefill's attention weights (the atlas's collector passes
     them; kvpress's chunked wrappers refuse them, SnapKV computes its window's own when they are absent).
