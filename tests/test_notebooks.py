@@ -92,3 +92,37 @@ def test_a_notebook_computes_at_the_ci_profile_from_an_empty_store_through_paper
     code = _code(written)
     assert sum("image/png" in out.get("data", {}) for cell in code for out in cell.outputs) == 2
     assert any("**What we see**" in out.get("data", {}).get("text/markdown", "") for out in code[-1].outputs)
+
+
+# what torch is told to make this CPU look like one without bfloat16 arithmetic (an AVX2-only CPU): its kernels capped
+# to AVX2, so oneDNN has no bfloat16 kernel and ``models.bfloat16_arithmetic`` is False, as on such a CPU
+WITHOUT_BFLOAT16 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _shown(cell) -> list[str]:
+    return [out.get("text") or out.get("data", {}).get("text/plain", "") for out in cell.outputs]
+
+
+@pytest.mark.slow
+def test_qwen_quickstart_shows_the_same_on_a_cpu_without_bfloat16_arithmetic(tmp_path, monkeypatch):
+    """The quickstart decodes live, in float32 where the CPU has no bfloat16 arithmetic (``models.live_dtype``), so
+    every cell nbval compares must read the same there (a printed "in float32" failed nbval so, found this way):
+    executed with torch capped to AVX2 (one setting, two tokens), each compared cell shows what the committed one
+    shows, and the live cell names the float32 arithmetic it ran."""
+    for name, value in WITHOUT_BFLOAT16.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("FAIRKV_REPORTS_DIR", str(tmp_path / "reports"))
+    committed = notebooks.numbered(["00"])[0]
+    cheap = {"profile": "cpu", "policies": ["streamingllm"], "ratios": [0.0], "max_new_tokens": 2}
+    (written,) = cli.reproduce(["00"], {**cheap, "output": str(tmp_path / "figures")})
+    executed = {cell.source: cell for cell in _code(written)}
+    compared = [
+        cell
+        for cell in _code(committed)
+        if not {"parameters", "nbval-ignore-output"} & set(cell.metadata.get("tags", []))
+    ]
+    assert len(compared) == 2
+    for cell in compared:
+        assert _shown(executed[cell.source]) == _shown(cell), cell.source
+    live = next(cell for source, cell in executed.items() if source.startswith('print(f"decoded live'))
+    assert _shown(live)[0].startswith("decoded live in cpu float32 avx2")
