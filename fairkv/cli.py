@@ -61,7 +61,11 @@ def expected_time(profile: str, notebooks: list[Path]) -> str:
 
 
 def reproduce(
-    names: list[str] | None = None, parameters: dict | None = None, frozen: bool = False, check: bool = False
+    names: list[str] | None = None,
+    parameters: dict | None = None,
+    frozen: bool = False,
+    check: bool = False,
+    jobs: int = notebooks.CHECK_JOBS,
 ) -> list[str]:
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
     notebook's rows done / total and ETA as its loops report them, and its wall time. At their defaults (the committed
@@ -69,7 +73,8 @@ def reproduce(
     it goes to ``reports/<profile>/``. ``frozen``: render from the stored results only (``paths.frozen_run``: the
     kernels inherit it): a missing or stale row stops the run with an error naming it; notebook 00, which stores
     nothing (one prompt, computed as it is shown), runs as always. ``check``: frozen, and the committed notebooks are
-    re-executed under nbval (``notebooks.check``), written nowhere; a notebook whose output differs fails the run."""
+    re-executed under nbval, ``jobs`` at a time (``notebooks.check_all``), written nowhere; a notebook whose output
+    differs fails the run."""
     chosen = notebooks.numbered(names)
     parameters = parameters or {}
     profile = str(parameters.get("profile", readme.PROFILE))
@@ -78,7 +83,6 @@ def reproduce(
         raise SystemExit(
             f"--check re-executes the committed notebooks at their defaults: no parameter but -p profile {readme.PROFILE}"
         )
-    out_dir = reports_dir() / profile
     if frozen or check:
         print(
             f"frozen: rendering from the stored results in {results_dir() / profile}; nothing is computed", flush=True
@@ -87,22 +91,11 @@ def reproduce(
         print(expected_time(profile, chosen), flush=True)
     written, failed = [], []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fairkv-notebooks-") as scratch, frozen_run(frozen or check):
-        for number, notebook in enumerate(chosen, start=1):
-            target = notebook if in_place else out_dir / notebook.name
-            print(f"[{number}/{len(chosen)}] {notebook.name} -> {'checked by nbval' if check else target}", flush=True)
-            began = time.monotonic()
-            with progress.Monitor(Path(scratch) / "state.json"):
-                if check:
-                    failed += [notebook.name] if notebooks.check(notebook) else []
-                elif in_place:
-                    notebooks.execute(notebook, Path(scratch) / notebook.name, {}, notebooks.FOLDER)
-                    notebooks.settle(Path(scratch) / notebook.name, notebook)
-                else:
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    notebooks.execute(notebook, target, parameters, out_dir)
-            print(f"  {notebook.name} done in {progress.duration(time.monotonic() - began)}", flush=True)
-            written += [] if check else [str(target)]
+    with frozen_run(frozen or check):
+        if check:
+            failed = notebooks.check_all(chosen, jobs)
+        else:
+            written = notebooks.execute_all(chosen, parameters, None if in_place else reports_dir() / profile)
     print(f"{len(chosen)} notebook(s) in {progress.duration(time.monotonic() - started)}", flush=True)
     _pages(profile, parameters)
     if failed:
@@ -139,6 +132,13 @@ def _reproduce_arguments(commands) -> None:
         action="store_true",
         help="frozen, and the committed notebooks are re-executed under nbval instead of written: each cell's output "
         "must be the committed one (what CI runs)",
+    )
+    run.add_argument(
+        "--jobs",
+        type=int,
+        default=notebooks.CHECK_JOBS,
+        metavar="N",
+        help=f"with --check, notebooks checked at once (default here: {notebooks.CHECK_JOBS}, one a core, at most 4)",
     )
     run.add_argument(
         "--redecoded",
@@ -288,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.redecoded:
         with redecoded_run(), tempfile.TemporaryDirectory(prefix="fairkv-redecoded-") as scratch:
             os.environ["FAIRKV_REPORTS_DIR"] = scratch  # the executed copies are not kept: only the tables count
-            reproduce(args.notebooks or None, parameters, args.frozen, args.check)
+            reproduce(args.notebooks or None, parameters, args.frozen, args.check, args.jobs)
         return 0
-    reproduce(args.notebooks or None, parameters, args.frozen, args.check)
+    reproduce(args.notebooks or None, parameters, args.frozen, args.check, args.jobs)
     return 0
 
 

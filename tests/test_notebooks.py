@@ -6,6 +6,7 @@ writes back in place, a run at other parameters under ``reports/<profile>/``; nb
 from __future__ import annotations
 
 import subprocess
+import threading
 
 import nbformat
 import pytest
@@ -72,8 +73,9 @@ def test_settling_an_executed_notebook_strips_its_run_metadata_and_keeps_its_out
 def test_nbval_check_passes_a_reproduced_output_and_fails_a_changed_one(tmp_path):
     _notebook(tmp_path / "same.ipynb", "2 claims hold", "2 claims hold")
     _notebook(tmp_path / "changed.ipynb", "2 claims hold", "3 claims hold")
-    assert notebooks.check(tmp_path / "same.ipynb") == 0
-    assert notebooks.check(tmp_path / "changed.ipynb") != 0
+    assert notebooks.check(tmp_path / "same.ipynb")[0] == 0
+    status, printed = notebooks.check(tmp_path / "changed.ipynb")
+    assert status != 0 and "3 claims hold" in printed
 
 
 @pytest.mark.slow
@@ -126,3 +128,31 @@ def test_qwen_quickstart_shows_the_same_on_a_cpu_without_bfloat16_arithmetic(tmp
         assert _shown(executed[cell.source]) == _shown(cell), cell.source
     live = next(cell for source, cell in executed.items() if source.startswith('print(f"decoded live'))
     assert _shown(live)[0].startswith("decoded live in cpu float32 avx2")
+
+
+def test_notebooks_are_checked_several_at_once_each_said_whole(monkeypatch):
+    """``check_all`` runs ``jobs`` nbval checks at once (two checks meet at a barrier: run one at a time, it times
+    out), never more, prints each notebook's nbval lines together before its wall time, and names the notebooks
+    that differ in their order."""
+    chosen = notebooks.numbered()[:4]
+    meet, lock, running, most = threading.Barrier(2, timeout=30), threading.Lock(), [0], [0]
+
+    def check(notebook):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        meet.wait()
+        with lock:
+            running[0] -= 1
+        return int(notebook in chosen[1::2]), f"nbval of {notebook.name}\n1 passed"
+
+    monkeypatch.setattr(notebooks, "check", check)
+    said = []
+    failed = notebooks.check_all(chosen, jobs=2, say=said.append)
+    assert failed == [chosen[1].name, chosen[3].name] and most[0] == 2
+    for number, notebook in enumerate(chosen, start=1):
+        done = said.index(f"  {notebook.name} done in 0 s")
+        assert said[done - 1] == f"nbval of {notebook.name}\n1 passed"
+        assert said.index(f"[{number}/4] {notebook.name} -> checked by nbval") < done - 1
+    with pytest.raises(ValueError, match="jobs=0: at least one notebook at a time"):
+        notebooks.check_all(chosen, jobs=0)

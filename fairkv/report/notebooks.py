@@ -5,7 +5,7 @@ tables as this artifact reproduces them.
 Three ways to run them (``fairkv reproduce``): execute at their defaults and write the executed notebook back in place
 (``execute`` then ``settle``: papermill's run metadata stripped, so a re-render from the same rows changes nothing
 in git); execute at any other parameters and write the executed copy under ``reports/<profile>/``; or re-execute the
-committed notebooks under nbval (``check``), which compares every cell's text output with the committed one (paths
+committed notebooks under nbval (``check``; ``check_all``, several at once), which compares every cell's text output with the committed one (paths
 and addresses masked by ``notebooks/sanitize.cfg``; a figure by the line ``figures.publish`` prints of what it plots,
 never by its PNG bytes; the cells tagged ``nbval-ignore-output`` say why in the notebook) and writes no notebook.
 """
@@ -15,6 +15,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -22,6 +26,7 @@ import papermill
 from traitlets.config import Config
 
 from fairkv.core.paths import REPO_ROOT
+from fairkv.core.progress import Monitor, duration
 
 FOLDER = REPO_ROOT / "notebooks"
 SANITIZE = FOLDER / "sanitize.cfg"
@@ -29,6 +34,9 @@ SANITIZE = FOLDER / "sanitize.cfg"
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 # what papermill and nbclient record of one run (times, paths, parameters), never part of what a notebook shows
 RUN_METADATA = ("papermill", "execution")
+# notebooks nbval checks at once: one a core, at most 4 (each kernel holds its rows, the quickstart's a model: a few
+# GiB each)
+CHECK_JOBS = max(1, min(4, os.cpu_count() or 1))
 
 
 def numbered(names: list[str] | None = None) -> list[Path]:
@@ -56,9 +64,56 @@ def settle(executed: Path, notebook: Path) -> None:
     nbformat.write(nb, notebook)
 
 
-def check(notebook: Path) -> int:
+def execute_all(chosen: list[Path], parameters: dict, out_dir: Path | None) -> list[str]:
+    """Execute ``chosen`` one after the other, each notebook's progress shown: written back in place (``out_dir``
+    None) or into ``out_dir`` with ``parameters``; the paths written."""
+    written = []
+    with tempfile.TemporaryDirectory(prefix="fairkv-notebooks-") as scratch:
+        for number, notebook in enumerate(chosen, start=1):
+            target = notebook if out_dir is None else out_dir / notebook.name
+            print(f"[{number}/{len(chosen)}] {notebook.name} -> {target}", flush=True)
+            began = time.monotonic()
+            with Monitor(Path(scratch) / "state.json"):
+                if out_dir is None:
+                    execute(notebook, Path(scratch) / notebook.name, {}, FOLDER)
+                    settle(Path(scratch) / notebook.name, notebook)
+                else:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    execute(notebook, target, parameters, out_dir)
+            print(f"  {notebook.name} done in {duration(time.monotonic() - began)}", flush=True)
+            written.append(str(target))
+    return written
+
+
+def check(notebook: Path) -> tuple[int, str]:
     """Re-execute the committed ``notebook`` under nbval in this environment (the kernel inherits it, a frozen run
-    included) and compare each cell's output with the committed one; pytest's exit status."""
+    included) and compare each cell's output with the committed one; pytest's exit status and what it printed."""
     command = [sys.executable, "-m", "pytest", str(notebook), "-q", "-p", "no:cacheprovider", "--nbval"]
     command += ["--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE), "-o", "addopts="]
-    return subprocess.run(command, cwd=REPO_ROOT, env=os.environ.copy(), check=False).returncode
+    done = subprocess.run(command, cwd=REPO_ROOT, env=os.environ.copy(), capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def check_all(chosen: list[Path], jobs: int = CHECK_JOBS, say=lambda line: print(line, flush=True)) -> list[str]:
+    """``check`` each of ``chosen``, ``jobs`` at a time (a frozen notebook's kernel keeps about one core busy): says
+    when each starts (``[k/n] <name> -> checked by nbval``) and, when it ends, what nbval printed of it and its wall
+    time, never two notebooks' lines interleaved; the names of those whose output differs, in ``chosen``'s order."""
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: at least one notebook at a time")
+    failed, lock = set(), threading.Lock()
+
+    def one(number: int, notebook: Path) -> None:
+        with lock:
+            say(f"[{number}/{len(chosen)}] {notebook.name} -> checked by nbval")
+        began = time.monotonic()
+        status, printed = check(notebook)
+        with lock:
+            say(printed.rstrip())
+            say(f"  {notebook.name} done in {duration(time.monotonic() - began)}")
+            if status:
+                failed.add(notebook.name)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for running in [pool.submit(one, number, nb) for number, nb in enumerate(chosen, start=1)]:
+            running.result()
+    return [nb.name for nb in chosen if nb.name in failed]
