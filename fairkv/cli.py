@@ -26,7 +26,7 @@ import yaml
 
 from fairkv import audit
 from fairkv import studies as claimed
-from fairkv.core import models, progress
+from fairkv.core import arithmetic, models, progress
 from fairkv.core.paths import (
     REDECODED_FOLDER,
     REDECODED_SETTING,
@@ -166,7 +166,7 @@ def _audit_inputs(commands) -> argparse.ArgumentParser:
         default="bfloat16",
         choices=("float32", "bfloat16"),
         help="bfloat16 (default) gives the same refusals as float32 at a third of its time here "
-        "(benchmarks/precision_gate.py)",
+        "(benchmarks/precision_gate.py); float32 on a CPU without bfloat16 arithmetic",
     )
     check.add_argument(
         "--policies",
@@ -377,6 +377,14 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
     return 0
 
 
+def _audit_model(args) -> models.LoadedModel:
+    """The model to audit at ``--dtype``; float32 where this CPU has no bfloat16 arithmetic (bfloat16 would crawl
+    there; an audit stores no row), said so."""
+    if (dtype := models.live_dtype(args.dtype)) != args.dtype:
+        print(f"{args.dtype} asked, float32 used: this CPU has no bfloat16 arithmetic (the same refusals, faster)")
+    return models.load_model(args.model, dtype=getattr(torch, dtype))
+
+
 def run_audit(args) -> int:
     """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict; with
     --fail-on-leak, exit status 3 when a cell up to --max-ratio leaks."""
@@ -397,11 +405,11 @@ def run_audit(args) -> int:
     if not args.yes and input("audit these spans? [y/N] ").strip().lower() not in ("y", "yes"):
         print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
         return 1
-    lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
+    lm = _audit_model(args)
     cells = len(args.policies) * 3 * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
     print(
         f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
-        f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model}",
+        f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model} ({arithmetic.path(lm)})",
         flush=True,
     )
     began = time.monotonic()

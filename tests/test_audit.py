@@ -17,7 +17,7 @@ import pytest
 
 from fairkv import audit, cli
 from fairkv.audit import AuditError
-from fairkv.core import metrics
+from fairkv.core import metrics, models
 from fairkv.core.paths import RESOURCES
 
 EXAMPLE = RESOURCES / "audit_example.txt"
@@ -598,10 +598,14 @@ def test_command_asks_then_writes_the_report(tmp_path, monkeypatch, capsys):
     ]
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     assert cli.main(arguments) == 1 and not (tmp_path / "report.json").exists()
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)  # as on an AVX2-only CPU: float32 in its place
     assert cli.main(arguments + ["--yes"]) == 0
     out = capsys.readouterr().out
     assert "[defense] (defense)" in out and "report:" in out
-    assert json.loads((tmp_path / "report.json").read_text())["model"] == "smollm2-135m"
+    assert "bfloat16 asked, float32 used: this CPU has no bfloat16 arithmetic" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["model"] == "smollm2-135m" and report["arithmetic"].startswith("cpu float32 ")
+    assert f"({report['arithmetic']})" in (tmp_path / "report.html").read_text()
     with pytest.raises(SystemExit, match="fairkv audit: .*No such file"):
         cli.main(["audit", str(tmp_path / "missing.txt"), "--yes"])
 

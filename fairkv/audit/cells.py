@@ -14,7 +14,7 @@ import pandas as pd
 from fairkv.audit import answers
 from fairkv.audit.report import Audit
 from fairkv.audit.spans import MIN_CONTENT, AuditError, Spec, gives_reply, judged, secret_pattern, span_recall
-from fairkv.core import data, generation, metrics, models, prompts, score_once
+from fairkv.core import arithmetic, data, generation, metrics, models, prompts, score_once
 from fairkv.core.data import Record
 from fairkv.core.presses import MITIGATIONS, Setting, check_ratio, get_policy, rates
 from fairkv.core.presses.selection import WhitelistError
@@ -159,7 +159,7 @@ def run(  # 8 parameters: the documented API (docs/audit.md), each a command-lin
         [frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies for v in variants],
         ignore_index=True,
     )
-    return Audit(audited, lm.name, policies, frame, notes, skipped)
+    return Audit(audited, lm.name, policies, frame, notes, skipped, arithmetic=arithmetic.path(lm))
 
 
 def _checked(policies: tuple[str, ...], ratios, variants, attacks: list[str] | None) -> list[str]:

@@ -22,7 +22,7 @@ from fairkv.core import metrics
 from fairkv.core.paths import RESOURCES
 from fairkv.core.presses import MITIGATIONS
 
-REPORT_SCHEMA_VERSION = 4  # report.json's layout, documented by REPORT_SCHEMA
+REPORT_SCHEMA_VERSION = 5  # report.json's layout, documented by REPORT_SCHEMA
 REPORT_SCHEMA = RESOURCES / "audit_report.schema.json"
 
 
@@ -39,6 +39,7 @@ class Audit:
     notes: list[str]
     skipped: list[dict] = field(default_factory=list)  # {"policy", "variant", "ratio", "status"}
     show_secrets: bool = False  # False: secrets are redacted in the reports
+    arithmetic: str = "not recorded"  # what the model computed with (``fairkv.core.arithmetic.path``)
     _summary: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     def summary(self) -> pd.DataFrame:
@@ -156,6 +157,7 @@ class Audit:
         payload = {
             "schema_version": REPORT_SCHEMA_VERSION,
             "model": self.model,
+            "arithmetic": self.arithmetic,
             "policies": list(self.policies),
             "spans": {n: self.redact(t) for n, t in self.spec.segments},
             "defense": self.spec.defense,
@@ -275,7 +277,7 @@ class Audit:
 table{{border-collapse:collapse}}pre{{white-space:pre-wrap;margin:0}}.verdict{{font-size:1.2em;background:#f4f4d0;padding:.6em}}
 mark{{background:#ffb3b3}}mark.secret{{background:#ff5c5c}}</style>
 </head><body><h1>fairkv audit</h1>
-<p>model <b>{html.escape(self.model)}</b>, policies <b>{html.escape(", ".join(self.policies))}</b>,
+<p>model <b>{html.escape(self.model)}</b> ({html.escape(self.arithmetic)}), policies <b>{html.escape(", ".join(self.policies))}</b>,
 {self.attacks()} attacks per cell</p>
 <div class="verdict" id="verdict">{sentences}</div>
 {self.verdict_table().to_html(index=False, table_id="verdict-table")}
