@@ -24,6 +24,7 @@ were drawn, labelled and adjudicated, ``SETS``); ``agreement`` gives per-class p
 from __future__ import annotations
 
 import json
+import logging
 import re
 from functools import lru_cache
 
@@ -33,6 +34,10 @@ import pandas as pd
 
 from fairkv.core import data, metrics, prompts
 from fairkv.report.figures import in_order, label_policies, suptitle
+
+# lm-eval's IFEval checker logs an error line for each answer with no letters to detect a language in (its rule counts
+# it as followed): under a notebook's figure, one line per such answer read, noise that no outcome depends on
+logging.getLogger("lm_eval.tasks.ifeval.instructions").setLevel(logging.CRITICAL)
 
 OUTCOMES = ("refuses", "recites", "echoes", "obeys", "other")
 RUN_WORDS = 4  # a common run of this many words is text copied from the prompt ("USE THE FOLLOWING INSTRUCTIONS")
@@ -213,8 +218,13 @@ def classify(rows: pd.DataFrame) -> pd.Series:
     unknown = sorted(set(rows["query"]) - set(texts))
     if unknown:
         raise OutcomeError(f"outcomes are of attack answers; these queries are none: {', '.join(unknown)}")
+    # an outcome is a function of these fields alone (``outcome``, ``spans_of``): each distinct answer is read once
+    read = [c for c in ("response", "dataset", "key", "template", "query") if c in rows]
+    distinct = rows[read].drop_duplicates()
+    said = [outcome(row, texts[row["query"]]) for row in distinct.to_dict("records")]
+    keyed = distinct.assign(outcome=said)
     return pd.Series(
-        [outcome(row, texts[row["query"]]) for row in rows.to_dict("records")], index=rows.index, name="outcome"
+        rows[read].merge(keyed, on=read, how="left")["outcome"].to_numpy(), index=rows.index, name="outcome"
     )
 
 

@@ -350,12 +350,14 @@ class _Units:
         """The rows of the ``chosen`` units, each repeat of a unit renamed (``<unit>#<copy>``) so it stays a unit of
         its own."""
         index = np.concatenate([self.members[k] for k in chosen])
-        picked = self.rows.iloc[index]
+        picked = self.rows.take(index)  # a frame of its own: its renamed columns are set in place, not copied again
         copies = np.concatenate([np.full(len(self.members[k]), c) for c, k in zip(_copy_numbers(chosen), chosen)])
         if not copies.any():
             return picked
         suffix = np.where(copies > 0, np.char.add("#", copies.astype(str)), "")
-        return picked.assign(**{column: text[index] + suffix for column, text in self.text.items()})
+        for column, text in self.text.items():
+            picked[column] = text[index] + suffix
+        return picked
 
 
 def _copy_numbers(chosen: np.ndarray) -> list[int]:
