@@ -68,7 +68,7 @@ def reproduce(
     jobs: int = notebooks.CHECK_JOBS,
 ) -> list[str]:
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
-    notebook's rows done / total and ETA as its loops report them, and its wall time. At their defaults (the committed
+    notebook's rows done / total and ETA as its loops report them (a check: when each starts), and its wall time. At their defaults (the committed
     profile, no other parameter) the executed notebook replaces the committed one (``notebooks.settle``); otherwise
     it goes to ``reports/<profile>/``. ``frozen``: render from the stored results only (``paths.frozen_run``: the
     kernels inherit it): a missing or stale row stops the run with an error naming it; notebook 00, which stores
@@ -136,7 +136,6 @@ def _reproduce_arguments(commands) -> None:
     run.add_argument(
         "--jobs",
         type=int,
-        default=notebooks.CHECK_JOBS,
         metavar="N",
         help=f"with --check, notebooks checked at once (default here: {notebooks.CHECK_JOBS}, one a core, at most 4)",
     )
@@ -163,10 +162,9 @@ def _audit_inputs(commands) -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--dtype",
-        default="bfloat16",
         choices=("float32", "bfloat16"),
-        help="bfloat16 (default) gives the same refusals as float32 at a third of its time here "
-        "(benchmarks/precision_gate.py); float32 on a CPU without bfloat16 arithmetic",
+        help="default: bfloat16, which gives Qwen's refusals as float32 does at a third of its time here "
+        "(benchmarks/precision_gate.py), or float32 on a CPU without bfloat16 arithmetic, where bfloat16 crawls",
     )
     check.add_argument(
         "--policies",
@@ -285,12 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "store":
         return run_store(args.action, [Path(p) for p in args.paths] or stores_found())
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
+    if args.jobs is not None and (args.jobs < 1 or not args.check):
+        raise SystemExit("fairkv reproduce: --jobs N, N >= 1, goes with --check (other runs execute one at a time)")
+    jobs = args.jobs or notebooks.CHECK_JOBS
     if args.redecoded:
         with redecoded_run(), tempfile.TemporaryDirectory(prefix="fairkv-redecoded-") as scratch:
             os.environ["FAIRKV_REPORTS_DIR"] = scratch  # the executed copies are not kept: only the tables count
-            reproduce(args.notebooks or None, parameters, args.frozen, args.check, args.jobs)
+            reproduce(args.notebooks or None, parameters, args.frozen, args.check, jobs)
         return 0
-    reproduce(args.notebooks or None, parameters, args.frozen, args.check, args.jobs)
+    reproduce(args.notebooks or None, parameters, args.frozen, args.check, jobs)
     return 0
 
 
@@ -378,10 +379,10 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
 
 
 def _audit_model(args) -> models.LoadedModel:
-    """The model to audit at ``--dtype``; float32 where this CPU has no bfloat16 arithmetic (bfloat16 would crawl
-    there; an audit stores no row), said so."""
-    if (dtype := models.live_dtype(args.dtype)) != args.dtype:
-        print(f"{args.dtype} asked, float32 used: this CPU has no bfloat16 arithmetic (the same refusals, faster)")
+    """The model to audit at ``--dtype``; without it bfloat16, or float32 where this CPU has no bfloat16 arithmetic
+    (bfloat16 would crawl there; an audit stores no row), said so."""
+    if (dtype := args.dtype or models.live_dtype("bfloat16")) != "bfloat16" and not args.dtype:
+        print("float32: this CPU has no bfloat16 arithmetic, where bfloat16 crawls (--dtype bfloat16 forces it)")
     return models.load_model(args.model, dtype=getattr(torch, dtype))
 
 

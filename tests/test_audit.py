@@ -17,7 +17,7 @@ import pytest
 
 from fairkv import audit, cli
 from fairkv.audit import AuditError
-from fairkv.core import metrics, models
+from fairkv.core import arithmetic, metrics, models
 from fairkv.core.paths import RESOURCES
 
 EXAMPLE = RESOURCES / "audit_example.txt"
@@ -598,14 +598,23 @@ def test_command_asks_then_writes_the_report(tmp_path, monkeypatch, capsys):
     ]
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     assert cli.main(arguments) == 1 and not (tmp_path / "report.json").exists()
-    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)  # as on an AVX2-only CPU: float32 in its place
-    assert cli.main(arguments + ["--yes"]) == 0
-    out = capsys.readouterr().out
-    assert "[defense] (defense)" in out and "report:" in out
-    assert "bfloat16 asked, float32 used: this CPU has no bfloat16 arithmetic" in out
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["model"] == "smollm2-135m" and report["arithmetic"].startswith("cpu float32 ")
-    assert f"({report['arithmetic']})" in (tmp_path / "report.html").read_text()
+
+    def audited(*more: str) -> tuple[str, dict]:
+        assert cli.main(arguments + ["--yes", *more]) == 0
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert f"({report['arithmetic']})" in (tmp_path / "report.html").read_text()
+        return capsys.readouterr().out, report
+
+    out, report = audited()  # bfloat16 by default, float32 where this CPU has no bfloat16 arithmetic
+    assert "[defense] (defense)" in out and "report:" in out and report["model"] == "smollm2-135m"
+    assert report["arithmetic"].startswith(f"cpu {models.live_dtype('bfloat16')} ")
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)  # as on an AVX2-only CPU
+    out, report = audited()
+    assert "float32: this CPU has no bfloat16 arithmetic" in out and report["arithmetic"].startswith("cpu float32 ")
+    entered, block = [], arithmetic.emulation
+    monkeypatch.setattr(arithmetic, "emulation", lambda lm: entered.append(arithmetic.emulates(lm)) or block(lm))
+    out, report = audited("--dtype", "bfloat16")  # asked for: kept, and computed emulated there (FAIRKV_BFLOAT16=auto)
+    assert "float32" not in out and report["arithmetic"] == "cpu bfloat16 emulated" and entered == [True]
     with pytest.raises(SystemExit, match="fairkv audit: .*No such file"):
         cli.main(["audit", str(tmp_path / "missing.txt"), "--yes"])
 

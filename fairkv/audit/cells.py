@@ -133,12 +133,13 @@ def run(  # 8 parameters: the documented API (docs/audit.md), each a command-lin
     if "whitelist" in variants and not defense_text:
         notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
         variants = tuple(v for v in variants if v != "whitelist")
-    caches, skipped = _caches(score_once.prefill(lm, prompt, policies), prompt, policies, variants, ratios, notes)
-    items = [(cache, "attack", text) for cache in caches for text in attacks]
-    items += [(cache, "benign", text) for cache in caches for text in audited.queries]
-    answers = generation.answer_batch(
-        lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
-    )
+    with arithmetic.emulation(lm):  # bfloat16 emulated where the CPU has none (FAIRKV_BFLOAT16), as the report says
+        caches, skipped = _caches(score_once.prefill(lm, prompt, policies), prompt, policies, variants, ratios, notes)
+        items = [(cache, "attack", text) for cache in caches for text in attacks]
+        items += [(cache, "benign", text) for cache in caches for text in audited.queries]
+        answers = generation.answer_batch(
+            lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
+        )
     checks = Record(
         key=0,
         system="",

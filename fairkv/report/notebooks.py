@@ -5,8 +5,8 @@ tables as this artifact reproduces them.
 Three ways to run them (``fairkv reproduce``): execute at their defaults and write the executed notebook back in place
 (``execute`` then ``settle``: papermill's run metadata stripped, so a re-render from the same rows changes nothing
 in git); execute at any other parameters and write the executed copy under ``reports/<profile>/``; or re-execute the
-committed notebooks under nbval (``check``; ``check_all``, several at once), which compares every cell's text output with the committed one (paths
-and addresses masked by ``notebooks/sanitize.cfg``; a figure by the line ``figures.publish`` prints of what it plots,
+committed notebooks under nbval (``check``; ``check_all``, several at once), which compares every cell's text output
+with the committed one (paths and addresses masked by ``notebooks/sanitize.cfg``; a figure by the line ``figures.publish`` prints of what it plots,
 never by its PNG bytes; the cells tagged ``nbval-ignore-output`` say why in the notebook) and writes no notebook.
 """
 
@@ -34,9 +34,9 @@ SANITIZE = FOLDER / "sanitize.cfg"
 KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 # what papermill and nbclient record of one run (times, paths, parameters), never part of what a notebook shows
 RUN_METADATA = ("papermill", "execution")
-# notebooks nbval checks at once: one a core, at most 4 (each kernel holds its rows, the quickstart's a model: a few
-# GiB each)
-CHECK_JOBS = max(1, min(4, os.cpu_count() or 1))
+# notebooks nbval checks at once: one a core this process may use, at most 4 (each kernel holds its rows, the
+# quickstart's a model: a few GiB each)
+CHECK_JOBS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def numbered(names: list[str] | None = None) -> list[Path]:
@@ -90,14 +90,17 @@ def check(notebook: Path) -> tuple[int, str]:
     included) and compare each cell's output with the committed one; pytest's exit status and what it printed."""
     command = [sys.executable, "-m", "pytest", str(notebook), "-q", "-p", "no:cacheprovider", "--nbval"]
     command += ["--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE), "-o", "addopts="]
-    done = subprocess.run(command, cwd=REPO_ROOT, env=os.environ.copy(), capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=os.environ.copy(), capture_output=True, text=True, errors="replace", check=False
+    )
     return done.returncode, done.stdout + done.stderr
 
 
 def check_all(chosen: list[Path], jobs: int = CHECK_JOBS, say=lambda line: print(line, flush=True)) -> list[str]:
-    """``check`` each of ``chosen``, ``jobs`` at a time (a frozen notebook's kernel keeps about one core busy): says
-    when each starts (``[k/n] <name> -> checked by nbval``) and, when it ends, what nbval printed of it and its wall
-    time, never two notebooks' lines interleaved; the names of those whose output differs, in ``chosen``'s order."""
+    """``check`` each of ``chosen``, ``jobs`` at a time (a frozen notebook's kernel keeps about one core busy, the
+    quickstart's live decode more): says when each starts (``[k/n] <name> -> checked by nbval``) and, when it ends,
+    what nbval printed of it and its wall time, never two notebooks' lines interleaved; the names of those whose
+    output differs, in ``chosen``'s order."""
     if jobs < 1:
         raise ValueError(f"jobs={jobs}: at least one notebook at a time")
     failed, lock = set(), threading.Lock()
@@ -113,7 +116,10 @@ def check_all(chosen: list[Path], jobs: int = CHECK_JOBS, say=lambda line: print
             if status:
                 failed.add(notebook.name)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         for running in [pool.submit(one, number, nb) for number, nb in enumerate(chosen, start=1)]:
             running.result()
+    finally:  # on an error or Ctrl-C, no notebook still queued starts
+        pool.shutdown(wait=True, cancel_futures=True)
     return [nb.name for nb in chosen if nb.name in failed]
