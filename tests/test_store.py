@@ -66,10 +66,16 @@ def test_two_runs_at_once_compute_each_cell_once(reference, tmp_path):
 
 @pytest.mark.slow
 def test_holder_killed_while_another_waits_is_taken_over(reference, tmp_path):
+    """The holder is stopped (SIGSTOP) once its first rows land, lock and all, so the second run finds it mid-run
+    however fast the rest of its grid would go: run as it was, a holder that finished its 40 cells before the second
+    process had started found nothing to wait for (with torch capped to AVX2, beside other work), and the wait timed
+    out."""
     path = store_path(tmp_path)
     with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
         holder = sweep(tmp_path, a_out)
         wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows")
+        holder.send_signal(signal.SIGSTOP)
+        assert len(complete_lines(path)) < N_CELLS, "the holder was stopped mid-run"
         waiter = sweep(tmp_path, b_out)
         wait_for(lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait")
         assert f"PID {holder.pid} on " in (tmp_path / "b.out").read_text()
