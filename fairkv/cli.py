@@ -68,13 +68,13 @@ def reproduce(
     jobs: int = notebooks.CHECK_JOBS,
 ) -> list[str]:
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
-    notebook's rows done / total and ETA as its loops report them (a check: when each starts), and its wall time. At their defaults (the committed
-    profile, no other parameter) the executed notebook replaces the committed one (``notebooks.settle``); otherwise
-    it goes to ``reports/<profile>/``. ``frozen``: render from the stored results only (``paths.frozen_run``: the
-    kernels inherit it): a missing or stale row stops the run with an error naming it; notebook 00, which stores
-    nothing (one prompt, computed as it is shown), runs as always. ``check``: frozen, and the committed notebooks are
-    re-executed under nbval, ``jobs`` at a time (``notebooks.check_all``), written nowhere; a notebook whose output
-    differs fails the run."""
+    notebook's rows done / total and ETA as its loops report them (a check: when each starts), and its wall time. At
+    their defaults (the committed profile, no other parameter) the executed notebook replaces the committed one
+    (``notebooks.settle``); otherwise it goes to ``reports/<profile>/``. ``frozen``: render from the stored results
+    only (``paths.frozen_run``: the kernels inherit it): a missing or stale row stops the run with an error naming it;
+    notebook 00, which stores nothing (one prompt, computed as it is shown), runs as always. ``check``: frozen, and
+    the committed notebooks are re-executed under nbval, ``jobs`` at a time (``notebooks.check_all``), written
+    nowhere; a notebook whose output differs fails the run."""
     chosen = notebooks.numbered(names)
     parameters = parameters or {}
     profile = str(parameters.get("profile", readme.PROFILE))
@@ -381,7 +381,8 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
 def _audit_model(args) -> models.LoadedModel:
     """The model to audit at ``--dtype``; without it bfloat16, or float32 where this CPU has no bfloat16 arithmetic
     (bfloat16 would crawl there; an audit stores no row), said so."""
-    if (dtype := args.dtype or models.live_dtype("bfloat16")) != "bfloat16" and not args.dtype:
+    dtype = args.dtype or models.live_dtype("bfloat16")
+    if not args.dtype and dtype == "float32":
         print("float32: this CPU has no bfloat16 arithmetic, where bfloat16 crawls (--dtype bfloat16 forces it)")
     return models.load_model(args.model, dtype=getattr(torch, dtype))
 

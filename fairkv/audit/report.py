@@ -277,7 +277,8 @@ class Audit:
 table{{border-collapse:collapse}}pre{{white-space:pre-wrap;margin:0}}.verdict{{font-size:1.2em;background:#f4f4d0;padding:.6em}}
 mark{{background:#ffb3b3}}mark.secret{{background:#ff5c5c}}</style>
 </head><body><h1>fairkv audit</h1>
-<p>model <b>{html.escape(self.model)}</b> ({html.escape(self.arithmetic)}), policies <b>{html.escape(", ".join(self.policies))}</b>,
+<p>model <b>{html.escape(self.model)}</b> ({html.escape(self.arithmetic)}),
+policies <b>{html.escape(", ".join(self.policies))}</b>,
 {self.attacks()} attacks per cell</p>
 <div class="verdict" id="verdict">{sentences}</div>
 {self.verdict_table().to_html(index=False, table_id="verdict-table")}

@@ -6,8 +6,9 @@ Three ways to run them (``fairkv reproduce``): execute at their defaults and wri
 (``execute`` then ``settle``: papermill's run metadata stripped, so a re-render from the same rows changes nothing
 in git); execute at any other parameters and write the executed copy under ``reports/<profile>/``; or re-execute the
 committed notebooks under nbval (``check``; ``check_all``, several at once), which compares every cell's text output
-with the committed one (paths and addresses masked by ``notebooks/sanitize.cfg``; a figure by the line ``figures.publish`` prints of what it plots,
-never by its PNG bytes; the cells tagged ``nbval-ignore-output`` say why in the notebook) and writes no notebook.
+with the committed one (paths and addresses masked by ``notebooks/sanitize.cfg``; a figure by the line
+``figures.publish`` prints of what it plots, never by its PNG bytes; the cells tagged ``nbval-ignore-output`` say why
+in the notebook) and writes no notebook.
 """
 
 from __future__ import annotations
