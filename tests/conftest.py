@@ -38,13 +38,13 @@ def qwen() -> models.LoadedModel:
 @pytest.fixture(scope="session")
 def qwen_judge() -> models.LoadedModel:
     """The cpu profile's judge as notebook 10 loads it (``judge.load_judge``: Qwen in bfloat16, SDPA attention; with
-    eager attention its scores on the calibration set differ; float32 on a CPU without bfloat16 arithmetic:
-    ``models.live_dtype``), loaded once for the judge's checks."""
+    eager attention its scores on the calibration set differ; on the GPU where there is one, else float32 on a CPU
+    without bfloat16 arithmetic: ``models.live_dtype``), loaded once for the judge's checks."""
     from fairkv.runs import judge
     from fairkv.studies import judge as judge_study
 
     chosen = judge_study.STUDY.plan("cpu")
-    return judge.load_judge(chosen.judge, models.live_dtype(chosen.dtype))
+    return judge.load_judge(chosen.judge, models.live_dtype(chosen.dtype, models.default_device()))
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def test_the_kernel_family_is_the_cpus_best_under_onednns_cap(flags, cap, family
 
 def test_auto_emulates_exactly_where_the_cpu_has_no_bfloat16_arithmetic(monkeypatch):
     for native in (True, False):
-        monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: native)
+        monkeypatch.setattr(models, "bfloat16_arithmetic", lambda device=None: native)
         with arithmetic.forced("auto"):
             assert arithmetic.mode() == ("native" if native else "emulated")
         with arithmetic.forced("emulated"):

@@ -608,7 +608,7 @@ def test_command_asks_then_writes_the_report(tmp_path, monkeypatch, capsys):
     out, report = audited()  # bfloat16 by default, float32 where this CPU has no bfloat16 arithmetic
     assert "[defense] (defense)" in out and "report:" in out and report["model"] == "smollm2-135m"
     assert report["arithmetic"].startswith(f"cpu {models.live_dtype('bfloat16')} ")
-    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)  # as on an AVX2-only CPU
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda device=None: False)  # as on an AVX2-only CPU
     out, report = audited()
     assert "float32: this CPU has no bfloat16 arithmetic" in out and report["arithmetic"].startswith("cpu float32 ")
     entered, block = [], arithmetic.emulation

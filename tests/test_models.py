@@ -6,6 +6,7 @@ import hashlib
 import platform
 
 import pytest
+import torch
 
 from fairkv.core import arithmetic, models
 from fairkv.core.models import EmbeddedModel, ModelError
@@ -74,7 +75,22 @@ def test_bfloat16_arithmetic_is_read_off_the_cpu_and_decides_the_live_precision(
         family = arithmetic.cpu_family()
         assert models.bfloat16_arithmetic() == (family in ("avx512", "avx512_bf16", "amx")), family
     assert models.live_dtype("float32") == "float32"
-    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: False)
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda device=None: False)
     assert models.live_dtype("bfloat16") == "float32"
-    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda: True)
+    monkeypatch.setattr(models, "bfloat16_arithmetic", lambda device=None: True)
     assert models.live_dtype("bfloat16") == "bfloat16"
+
+
+def test_a_gpu_does_not_lend_the_cpu_its_bfloat16_arithmetic(monkeypatch):
+    """On a GPU machine whose CPU is AVX2-only (a DGX A100's EPYC 7742, Zen 2, among many), a model on the CPU (the
+    quickstart's, the audit's, ``fairkv verify``'s recomputation) has no bfloat16 arithmetic: it runs float32 live and
+    a bfloat16 row is emulated, as on any such CPU, while the GPU keeps bfloat16. Asked of the machine as a whole, the
+    CPU was said to have it, and bfloat16 on it crawled at oneDNN's reference speed (0.3 GFLOP/s)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert models.default_device() == "cuda"
+    assert not models.bfloat16_arithmetic() and not models.bfloat16_arithmetic("cpu")
+    assert models.bfloat16_arithmetic("cuda") and models.bfloat16_arithmetic(torch.device("cuda", 0))
+    assert models.live_dtype("bfloat16") == "float32" and models.live_dtype("bfloat16", "cuda") == "bfloat16"
+    with arithmetic.forced("auto"):
+        assert arithmetic.mode() == arithmetic.EMULATED

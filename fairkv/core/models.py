@@ -217,20 +217,23 @@ def default_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
-def bfloat16_arithmetic() -> bool:
-    """Whether this machine multiplies bfloat16 matrices at speed: a GPU, or a CPU with oneDNN's bfloat16 kernels
-    (AVX512: natively with AVX512-BF16 or AMX, by conversion on AVX512 alone). An AVX2-only CPU (AMD Zen 2-3, many
-    cloud machines) has none: there Qwen2.5-Coder-1.5B's bfloat16 prefill runs 6 times slower than float32 and a
-    decoding step's matmul over a hundred times slower (``benchmarks/results/bfloat16_avx2.txt``)."""
-    return default_device() is not None or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def bfloat16_arithmetic(device: torch.device | str | None = None) -> bool:
+    """Whether bfloat16 matrices multiply at speed on ``device`` (None: the CPU, where a model loaded without a device
+    computes, whatever GPU the machine has): a GPU does; a CPU does with oneDNN's bfloat16 kernels (AVX512: natively
+    with AVX512-BF16 or AMX, by conversion on AVX512 alone). An AVX2-only CPU (AMD Zen 2-3, the CPU of many GPU
+    machines too, many cloud machines) has none: there Qwen2.5-Coder-1.5B's bfloat16 prefill runs 6 times slower than
+    float32 and a decoding step's matmul over a hundred times slower (``benchmarks/results/bfloat16_avx2.txt``)."""
+    if device is not None and torch.device(device).type != "cpu":
+        return True
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def live_dtype(dtype: str) -> str:
+def live_dtype(dtype: str, device: torch.device | str | None = None) -> str:
     """The precision to run at where nothing is stored (the quickstart's one prompt, the tests' checks of a model's
-    behaviour): float32 in place of bfloat16 on a machine without bfloat16 arithmetic (``bfloat16_arithmetic``), where
-    it gives the same refusals (the fidelity gate, ``benchmarks/precision_gate.py``) several times faster; else
-    ``dtype``. A stored row is always computed at the precision its grid names."""
-    return "float32" if dtype == "bfloat16" and not bfloat16_arithmetic() else dtype
+    behaviour): float32 in place of bfloat16 where ``device`` (None: the CPU) has no bfloat16 arithmetic
+    (``bfloat16_arithmetic``), where it gives the same refusals (the fidelity gate, ``benchmarks/precision_gate.py``)
+    several times faster; else ``dtype``. A stored row is always computed at the precision its grid names."""
+    return "float32" if dtype == "bfloat16" and not bfloat16_arithmetic(device) else dtype
 
 
 def clock(device: torch.device | str | None = None) -> float:
