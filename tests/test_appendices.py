@@ -84,8 +84,8 @@ def test_classification_score_is_longbench_s():
 @pytest.mark.slow
 def test_trec_rows_end_to_end():
     """Notebook 08's rows at the ci profile (the synthetic file, one prompt, StreamingLLM and SnapKV scored in one
-    prefill, r = 0 and 0.5, base and fair), in the run's ci results store: nbval's re-execution of notebook 08 and this
-    test compute them once; StreamingLLM's are checked."""
+    prefill, r = 0 and 0.5, base and fair), computed into the run's ci results store as notebook 08 at ``-p profile
+    ci`` computes them; StreamingLLM's are checked."""
     _, rows = trec.STUDY.run("ci", progress=False, dataset="synthetic_trec_1k")
     rows = rows[rows["policy"] == "streamingllm"]
     assert len(rows) == 4 * 2 and rows["key"].iloc[0].startswith("synthetic-1k")

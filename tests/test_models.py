@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,12 +67,13 @@ def test_second_load_uses_the_cache(smollm, monkeypatch):
 
 
 def test_bfloat16_arithmetic_is_read_off_the_cpu_and_decides_the_live_precision(monkeypatch):
-    """On a CPU without a GPU, oneDNN's bfloat16 kernels are there exactly where its kernel family is AVX512 or above
+    """On an x86 CPU (a GPU beside it or not), oneDNN's bfloat16 kernels are there exactly where its kernel family is
+    AVX512 or above
     (AVX512-BF16 or AMX natively, AVX512 alone by conversion): the CPU's flags capped by ``ONEDNN_MAX_CPU_ISA``, as
     oneDNN caps itself (``arithmetic.cpu_family``; with the flags alone, a run capped to AVX2 on an AVX512-BF16 CPU
     failed here); the live precision of a bfloat16 profile is float32 only where they are absent, and another
     precision is never changed."""
-    if models.default_device() is None and platform.machine() in ("x86_64", "AMD64"):  # the families are x86's
+    if platform.machine() in ("x86_64", "AMD64"):  # the families are x86's
         family = arithmetic.cpu_family()
         assert models.bfloat16_arithmetic() == (family in ("avx512", "avx512_bf16", "amx")), family
     assert models.live_dtype("float32") == "float32"
@@ -94,3 +96,28 @@ def test_a_gpu_does_not_lend_the_cpu_its_bfloat16_arithmetic(monkeypatch):
     assert models.live_dtype("bfloat16") == "float32" and models.live_dtype("bfloat16", "cuda") == "bfloat16"
     with arithmetic.forced("auto"):
         assert arithmetic.mode() == arithmetic.EMULATED
+
+
+@pytest.mark.model
+def test_a_gguf_file_is_parsed_once_per_load(tmp_path, monkeypatch):
+    """transformers parses a GGUF file anew for the config, the tokenizer and the weights (4 parses for a conversion,
+    each reading the whole vocabulary); ``models._gguf_parsed_once`` hands them one reader. The tokenizer read from
+    the GGUF file, then the whole conversion, into an empty cache: one parse each. That both ways write the same
+    files byte for byte is ``benchmarks/gguf_conversion.py``'s to show."""
+    import gguf
+
+    parsed = []
+
+    class Counted(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    monkeypatch.setenv("FAIRKV_CACHE_DIR", str(tmp_path / "cache"))
+    spec = models.EMBEDDED["smollm2-135m"]
+    assert models.load_tokenizer("smollm2-135m").vocab_size > 40_000 and parsed == [spec.files[0]]
+    assert gguf.GGUFReader is Counted  # the shared reader leaves with its block
+    folder, _ = models._resolve("smollm2-135m", convert=True)
+    assert (folder / "model.safetensors").is_file() and parsed == [spec.files[0]] * 2
+    assert gguf.GGUFReader is Counted

@@ -102,8 +102,7 @@ def test_quickstart_runs_with_the_network_unavailable(tmp_path):
     }
     env.pop("HF_HUB_OFFLINE", None)  # the embedded path must not need the flag to stay offline
     done = subprocess.run(
-        # the whole path (model, data, kernel, figures) on one policy and two ratios: notebook 00 runs all of its own
-        # in nbval
+        # the whole path (model, data, kernel, figures) on one policy and two ratios
         [
             sys.executable,
             "-m",

@@ -1,7 +1,7 @@
-"""The numbers that carry the science at the ci scale, compared by pytest with tolerances (nbval re-executes the
-notebooks, but SmolLM2 follows too little for most of their printed numbers to mean anything): the keep rates of
-notebook 04 (the mechanism of Fig 7) and of the quickstart's record. The refusal lost under compression and kept by
-the whitelist (notebooks 03, 05) is checked on Qwen in ``test_compliance.py``.
+"""The numbers that carry the science at the ci scale, compared by pytest with tolerances (the notebooks at
+``-p profile ci`` compute them too, but SmolLM2 follows too little for most of their printed numbers to mean
+anything): the keep rates of notebook 04 (the mechanism of Fig 7) and of the quickstart's record. The refusal lost
+under compression and kept by the whitelist (notebooks 03, 05) is checked on Qwen in ``test_compliance.py``.
 
 The pinned values are SmolLM2's in float32 on this repository's machine; the tolerance absorbs arithmetic of another
 CPU, not a change of selection (one token of a 49-token span moves a keep rate by 0.02)."""
@@ -45,8 +45,7 @@ TOLERANCE = 0.02
 @pytest.fixture(scope="module")
 def keep_rows():
     """Notebook 04's rows at the ci profile, in the run's ci results store (``make test`` gives each run a fresh
-    one): nbval's re-execution of notebook 04 and this fixture compute them once between them, whichever comes first
-    (the other waits on the store's lock and reads them)."""
+    one), as notebook 04 at ``-p profile ci`` computes them."""
     return keep_rates.STUDY.run("ci", progress=False)[1]
 
 

@@ -131,8 +131,8 @@ def test_the_flipped_orders_accuracy_on_every_policy_is_one_set_of_cells():
     """Fig 5's and Fig 14's flipped-order accuracy on all five policies (issue 67 item 5): the leakage study's base
     cells are fair eviction's base cells (computed once, whichever notebook runs first), at the cpu profile on the
     five policies, 100 prompts, r = 0 and ``leakage.FLIPPED_RATIOS``; at ci they are the studies' own (the leakage
-    study's; the flipped fair study's), so nbval computes nothing more (broken on purpose: fair's cpu ratios apart from
-    leakage's -> the first check fails)."""
+    study's; the flipped fair study's), so a notebook computes nothing more (broken on purpose: fair's cpu ratios apart
+    from leakage's -> the first check fails)."""
     base = _cells(leakage.FLIPPED_ACCURACY, "cpu")
     (part,) = fair.FLIPPED_ACCURACY.parts("cpu")
     assert (len(part.policies), part.orders, part.n_prompts, part.ratios) == (

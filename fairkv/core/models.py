@@ -150,6 +150,19 @@ def _quiet_progress():
             hf_logging.enable_progress_bar()
 
 
+@contextmanager
+def _gguf_parsed_once():
+    """Within the block, each GGUF file is parsed once: transformers parses it anew for the config, the tokenizer and
+    the weights (four times in one conversion, each parse reading every vocabulary entry through numpy views), which
+    made Qwen2.5-Coder-1.5B's first load 74 s against 53 s, with the same files written
+    (``benchmarks/results/gguf_conversion.txt``). The reader is read-only, so one serves them all; it is let go at
+    the end of the block."""
+    import gguf
+
+    with mock.patch.object(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader)):
+        yield
+
+
 def _convert(spec: EmbeddedModel) -> Path:
     target = converted_dir(spec)
     if (target / "fairkv_source.json").is_file():
@@ -176,7 +189,7 @@ def _resolve(name: str, convert: bool) -> tuple[Path | str, str | None]:
     if name in EMBEDDED:
         spec = EMBEDDED[name]
         if convert:
-            with _quiet_progress():
+            with _quiet_progress(), _gguf_parsed_once():
                 return _convert(spec), spec.sha256
         return converted_dir(spec), spec.sha256
     if Path(name).expanduser().is_dir():
@@ -190,7 +203,7 @@ def _resolve(name: str, convert: bool) -> tuple[Path | str, str | None]:
 def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     """The tokenizer of ``name``; for an embedded model read from the GGUF file when no conversion is cached yet."""
     folder, _ = _resolve(name, convert=False)
-    with _quiet_progress():
+    with _quiet_progress(), _gguf_parsed_once():
         if name in EMBEDDED and not (Path(folder) / "fairkv_source.json").is_file():
             gguf = embedded_gguf_path(EMBEDDED[name])
             return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -219,10 +232,11 @@ def default_device() -> str | None:
 
 def bfloat16_arithmetic(device: torch.device | str | None = None) -> bool:
     """Whether bfloat16 matrices multiply at speed on ``device`` (None: the CPU, where a model loaded without a device
-    computes, whatever GPU the machine has): a GPU does; a CPU does with oneDNN's bfloat16 kernels (AVX512: natively
-    with AVX512-BF16 or AMX, by conversion on AVX512 alone). An AVX2-only CPU (AMD Zen 2-3, the CPU of many GPU
-    machines too, many cloud machines) has none: there Qwen2.5-Coder-1.5B's bfloat16 prefill runs 6 times slower than
-    float32 and a decoding step's matmul over a hundred times slower (``benchmarks/results/bfloat16_avx2.txt``)."""
+    computes, whatever GPU the machine has): a GPU (any device but the CPU) does; a CPU does with oneDNN's bfloat16
+    kernels (AVX512: natively with AVX512-BF16 or AMX, by conversion on AVX512 alone). An AVX2-only CPU (AMD Zen 2-3,
+    the CPU of many GPU machines too, many cloud machines) has none: there Qwen2.5-Coder-1.5B's bfloat16 prefill runs
+    6 times slower than float32 and a decoding step's matmul over a hundred times slower
+    (``benchmarks/results/bfloat16_avx2.txt``)."""
     if device is not None and torch.device(device).type != "cpu":
         return True
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
