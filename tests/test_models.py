@@ -68,11 +68,10 @@ def test_second_load_uses_the_cache(smollm, monkeypatch):
 
 def test_bfloat16_arithmetic_is_read_off_the_cpu_and_decides_the_live_precision(monkeypatch):
     """On an x86 CPU (a GPU beside it or not), oneDNN's bfloat16 kernels are there exactly where its kernel family is
-    AVX512 or above
-    (AVX512-BF16 or AMX natively, AVX512 alone by conversion): the CPU's flags capped by ``ONEDNN_MAX_CPU_ISA``, as
-    oneDNN caps itself (``arithmetic.cpu_family``; with the flags alone, a run capped to AVX2 on an AVX512-BF16 CPU
-    failed here); the live precision of a bfloat16 profile is float32 only where they are absent, and another
-    precision is never changed."""
+    AVX512 or above (AVX512-BF16 or AMX natively, AVX512 alone by conversion): the CPU's flags capped by
+    ``ONEDNN_MAX_CPU_ISA``, as oneDNN caps itself (``arithmetic.cpu_family``; with the flags alone, a run capped to
+    AVX2 on an AVX512-BF16 CPU failed here); the live precision of a bfloat16 profile is float32 only where they are
+    absent, and another precision is never changed."""
     if platform.machine() in ("x86_64", "AMD64"):  # the families are x86's
         family = arithmetic.cpu_family()
         assert models.bfloat16_arithmetic() == (family in ("avx512", "avx512_bf16", "amx")), family
