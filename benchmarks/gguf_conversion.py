@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from unittest import mock
 
 import torch
 
-from fairkv.core import models
+from fairkv.core import models, paths
 
 WAYS = {"parsed anew per call": contextlib.nullcontext, "parsed once": models._gguf_parsed_once}
 
@@ -32,7 +31,7 @@ def convert(name: str, way: str) -> tuple[float, dict[str, str]]:
     """Seconds to convert ``name`` into an empty cache the ``way`` named, and each written file's sha256."""
     with tempfile.TemporaryDirectory(prefix="fairkv-conversion-") as cache:
         with (
-            mock.patch.dict(os.environ, {"FAIRKV_CACHE_DIR": cache}),
+            paths.environment("FAIRKV_CACHE_DIR", cache),
             mock.patch.object(models, "_gguf_parsed_once", WAYS[way]),
         ):
             began = time.perf_counter()

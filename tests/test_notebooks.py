@@ -14,7 +14,6 @@ import nbformat
 import pytest
 
 from fairkv import cli
-from fairkv.core import models
 from fairkv.core.paths import REPO_ROOT
 from fairkv.report import notebooks
 from fairkv.runs.store import ResultsStore
