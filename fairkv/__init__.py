@@ -1,13 +1,13 @@
 """fairkv: reproduction of "The Pitfalls of KV Cache Compression" (arXiv 2510.00231).
 
-The core, what a kvpress user installs alone (``pip install fairkv``: torch, transformers, kvpress), is exported here
-(docs/library.md): the paper's mitigations as kvpress presses, ``WhitelistPress`` (Section 5.1) and ``FairPress``
+The core, what a kvpress user installs alone (``pip install .`` in a clone: torch, transformers, kvpress), is exported
+here (docs/library.md): the paper's mitigations as kvpress presses, ``WhitelistPress`` (Section 5.1) and ``FairPress``
 (Section 5.2, Appendix G's debiasing weight ``lam``), which take their phrases and spans as text, and keep rates per
 span (``keep_rates``, also ``press.keep_rates()`` after a run). They live in ``fairkv.core.presses`` and are imported
 when first named, so ``import fairkv`` stays light.
 
-The artifact (``pip install 'fairkv[artifact]'``, what ``make setup`` installs) is layered, each layer importing only
-its own and the earlier ones: ``core`` (what a row is made of: ``data``, ``prompts``, ``models``, ``presses``,
+The artifact (``pip install -e '.[artifact]'`` in the clone, what ``make setup`` runs) is layered, each layer importing
+only its own and the earlier ones: ``core`` (what a row is made of: ``data``, ``prompts``, ``models``, ``presses``,
 ``generation``, ``metrics``, ``score_once``, ``one_prompt``), ``runs`` (how rows are computed, kept, fingerprinted and
 verified: ``experiment``, ``store``, ``fingerprint``, ``verify``, the press atlas), ``report`` (what rows say:
 ``analysis``, ``claims``, ``verdicts``, ``figures``, ``notebooks``), ``studies`` (each notebook's grids, claims and
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     if missing:
         raise SystemExit(
             f"the fairkv command is the artifact's and needs its extra ({', '.join(missing)} not installed): "
-            "pip install 'fairkv[artifact]' (the core, fairkv.FairPress and fairkv.WhitelistPress, needs none of it)"
+            "pip install -e '.[artifact]' in the clone (the core, fairkv.FairPress and fairkv.WhitelistPress, needs "
+            "none of it)"
         )
     from fairkv import cli
 

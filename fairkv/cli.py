@@ -21,12 +21,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import yaml
 
-from fairkv import audit
 from fairkv import studies as claimed
-from fairkv.core import arithmetic, models, progress
+from fairkv.audit import command as audit_command
+from fairkv.core import progress
 from fairkv.core.paths import (
     REDECODED_FOLDER,
     REDECODED_SETTING,
@@ -37,12 +36,10 @@ from fairkv.core.paths import (
     reports_dir,
     results_dir,
 )
-from fairkv.core.presses import PAPER, PolicyError, get_policy
 from fairkv.report import figures, notebooks, outcomes, readme
 from fairkv.runs import fingerprint, redecode, verify
 from fairkv.runs.store import ResultsStore, StoreError
-
-AUDIT_MODEL = "qwen2.5-coder-1.5b"
+from fairkv.runs.studies import PROFILES
 
 
 def expected_time(profile: str, notebooks: list[Path]) -> str:
@@ -70,15 +67,28 @@ def reproduce(
     """Execute the notebooks whose file names start with one of ``names`` (all numbered ones when None), showing each
     notebook's rows done / total and ETA as its loops report them (a check: when each starts), and its wall time. At
     their defaults (the committed profile, no other parameter) the executed notebook replaces the committed one
-    (``notebooks.settle``); otherwise it goes to ``reports/<profile>/``. ``frozen``: render from the stored results
-    only (``paths.frozen_run``: the kernels inherit it): a missing or stale row stops the run with an error naming it;
-    notebook 00, which stores nothing (one prompt, computed as it is shown), runs as always. ``check``: frozen, and
-    the committed notebooks are re-executed under nbval, ``jobs`` at a time (``notebooks.check_all``), written
-    nowhere; a notebook whose output differs fails the run."""
+    (``notebooks.settle``); otherwise it goes to ``reports/<profile>/``, and at the committed profile its figures,
+    tables and summary to ``reports/<profile>/figures/`` (or ``output``): never over the committed ones. A notebook
+    with no scale at the profile is an error where named, left out of a batch (said so). ``frozen``: render from the
+    stored results only (``paths.frozen_run``: the kernels inherit it): a missing or stale row stops the run with an
+    error naming it; notebook 00, which stores nothing (one prompt, computed as it is shown), runs as always.
+    ``check``: frozen, and the committed notebooks are re-executed under nbval, ``jobs`` at a time
+    (``notebooks.check_all``), written nowhere; a notebook whose output differs fails the run."""
     chosen = notebooks.numbered(names)
     parameters = parameters or {}
     profile = str(parameters.get("profile", readme.PROFILE))
+    if profile not in PROFILES:
+        raise SystemExit(f"fairkv reproduce: unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
+    lacking = claimed.unscaled(profile, [notebook.name[:2] for notebook in chosen])
+    said = "; ".join(f"notebook {n} runs at {', '.join(at)} only" for n, at in lacking.items())
+    if lacking and names:
+        raise SystemExit(f"fairkv reproduce: {said}, not at the {profile} profile")
+    if lacking:
+        print(f"left out at the {profile} profile: {said}", flush=True)
+        chosen = [notebook for notebook in chosen if notebook.name[:2] not in lacking]
     in_place = profile == readme.PROFILE and not set(parameters) - {"profile"} and not redecoded()
+    if not in_place and profile == readme.PROFILE and not redecoded():
+        parameters = {"output": str(reports_dir() / profile / "figures"), **parameters}
     if check and not in_place:
         raise SystemExit(
             f"--check re-executes the committed notebooks at their defaults: no parameter but -p profile {readme.PROFILE}"
@@ -147,79 +157,6 @@ def _reproduce_arguments(commands) -> None:
     )
 
 
-def _audit_inputs(commands) -> argparse.ArgumentParser:
-    """``fairkv audit``: the prompt, the model, the policies and ratios, the queries, attacks and secrets."""
-    check = commands.add_parser(
-        "audit",
-        help="audit your own system prompt: keep rates, leakage, compliance vs r",
-        epilog="exit status: 0 audited, 1 spans not confirmed, 3 a leak with --fail-on-leak",
-    )
-    check.add_argument("prompt", help="text file: spans marked by '## <name>' lines, or split automatically")
-    check.add_argument(
-        "--model",
-        default=AUDIT_MODEL,
-        help=f"default {AUDIT_MODEL}: it follows instructions and defenses (SmolLM2, smollm2-135m, hardly does)",
-    )
-    check.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        help="default: bfloat16, which gives Qwen's refusals as float32 does at a third of its time here "
-        "(benchmarks/precision_gate.py), or float32 on a CPU without bfloat16 arithmetic, where bfloat16 crawls",
-    )
-    check.add_argument(
-        "--policies",
-        nargs="+",
-        default=list(PAPER),
-        metavar="POLICY",
-        help=f"policies to compare (default: all five, {' '.join(PAPER)})",
-    )
-    check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
-    check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
-    check.add_argument(
-        "--query",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="a benign user query (repeatable); needed to check compliance of spans with check=",
-    )
-    check.add_argument("--queries-file", help="benign queries, one per line or JSONL with a 'text' field")
-    check.add_argument(
-        "--attacks",
-        type=int,
-        default=6,
-        metavar="N",
-        help="how many RaccoonBench attacks (the paper's, then one per category; 0: none)",
-    )
-    check.add_argument(
-        "--attacks-file",
-        help="your own attacks, one per line or JSONL with a 'text' field (run "
-        "beside the --attacks N RaccoonBench ones; --attacks 0 for yours only)",
-    )
-    check.add_argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="text that must never appear in a response (repeatable; also '## <name> secret=TEXT')",
-    )
-    return check
-
-
-def _audit_outputs(check) -> None:
-    """``fairkv audit``: decoding, what fails a CI run, where the reports go."""
-    check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
-    check.add_argument("--max-new-tokens", type=int, default=64)
-    check.add_argument("--batch-size", type=int, default=64, help="answers decoded at once")
-    check.add_argument(
-        "--fail-on-leak",
-        action="store_true",
-        help="exit with status 3 when any audited cell (up to --max-ratio) leaks: for CI",
-    )
-    check.add_argument("--max-ratio", type=float, help="with --fail-on-leak: only cells at r <= this count")
-    check.add_argument("--out", default="audit", help="folder for report.html and report.json")
-    check.add_argument("--yes", action="store_true", help="do not ask to confirm the spans")
-
-
 def _store_arguments(commands) -> None:
     """``fairkv store``, ``verify``, ``restamp`` and ``redecode``: the results stores."""
     stores = commands.add_parser(
@@ -264,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
     parsed = argparse.ArgumentParser(prog="fairkv", description=__doc__)
     commands = parsed.add_subparsers(dest="command", required=True)
     _reproduce_arguments(commands)
-    _audit_outputs(_audit_inputs(commands))
+    audit_command.arguments(commands)
     _store_arguments(commands)
     return parsed
 
@@ -279,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "restamp":
         return run_restamp([Path(p) for p in args.paths], args.was, args.sample, args.seed)
     if args.command == "audit":
-        return run_audit(args)
+        return audit_command.run(args)
     if args.command == "store":
         return run_store(args.action, [Path(p) for p in args.paths] or stores_found())
     parameters = {name: yaml.safe_load(value) for name, value in args.parameter}
@@ -375,74 +312,6 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
         except (verify.VerifyError, fingerprint.FingerprintError) as error:
             raise SystemExit(f"fairkv restamp: {error}") from error
         print(f"{report}\n{path}: {changed} rows restamped {was} -> {verify.stamp(report.now)}", flush=True)
-    return 0
-
-
-def _audit_model(args) -> models.LoadedModel:
-    """The model to audit at ``--dtype``; without it bfloat16, or float32 where this CPU has no bfloat16 arithmetic
-    (bfloat16 would crawl there; an audit stores no row), said so."""
-    dtype = args.dtype or models.live_dtype("bfloat16")
-    if not args.dtype and dtype == "float32":
-        print("float32: this CPU has no bfloat16 arithmetic, where bfloat16 crawls (--dtype bfloat16 forces it)")
-    return models.load_model(args.model, dtype=getattr(torch, dtype))
-
-
-def run_audit(args) -> int:
-    """Show the spans, ask for confirmation (unless --yes), audit, write the report, print the verdict; with
-    --fail-on-leak, exit status 3 when a cell up to --max-ratio leaks."""
-    try:
-        secrets = {f"secret{i}": text for i, text in enumerate(args.secret, start=1)}
-        queries = args.query + (audit.read_lines_or_jsonl(args.queries_file, "queries") if args.queries_file else [])
-        attacks = audit.default_attacks(args.attacks) + (
-            audit.read_lines_or_jsonl(args.attacks_file, "attacks") if args.attacks_file else []
-        )
-        spec = audit.parse(Path(args.prompt).read_text(encoding="utf-8"), queries, args.defense, secrets)
-        if not attacks:
-            raise audit.AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
-        for policy in args.policies:
-            get_policy(policy)
-    except (OSError, audit.AuditError, PolicyError) as error:
-        raise SystemExit(f"fairkv audit: {error}") from error
-    print(f"spans of {args.prompt}:\n{spec.describe()}")
-    if not args.yes and input("audit these spans? [y/N] ").strip().lower() not in ("y", "yes"):
-        print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
-        return 1
-    lm = _audit_model(args)
-    cells = len(args.policies) * 3 * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
-    print(
-        f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
-        f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model} ({arithmetic.path(lm)})",
-        flush=True,
-    )
-    began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fairkv-audit-") as scratch, progress.Monitor(Path(scratch) / "state"):
-        result = audit.run(
-            spec,
-            lm,
-            args.policies,
-            args.ratios,
-            attacks,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-        )
-    result.show_secrets = args.show_secrets
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(
-        f"audited in {progress.duration(time.monotonic() - began)}; report: {result.to_html(out / 'report.html')} "
-        f"and {result.to_json(out / 'report.json')}"
-    )
-    print(result.verdict())
-    print("".join(f"note: {note}\n" for note in result.notes), end="")
-    leaking = result.leaking_cells(args.max_ratio)
-    if args.fail_on_leak and not leaking.empty:
-        cells = "; ".join(
-            f"{c.policy} {c.variant} r = {c.ratio:g}: {audit.rate_words(c.leak_rate, c.attacks)}"
-            for c in leaking.itertuples()
-        )
-        bound = "" if args.max_ratio is None else f" at r <= {args.max_ratio:g}"
-        print(f"fail on leak: {len(leaking)} cell(s) leak{bound}: {cells}")
-        return 3
     return 0
 
 

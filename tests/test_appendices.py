@@ -193,11 +193,13 @@ def test_judge_needs_single_token_digits(smollm):
         judge.digit_ids(SplitDigits())
 
 
-def test_judge_calibration_set_is_labelled_by_rule(smollm, tmp_path):
+def test_judge_calibration_set_is_labelled_by_rule(smollm, tmp_path, monkeypatch):
     """Six directives, nine kinds of response with their label by construction (echoes of the attack in its own case,
     in capitals and in lower case, and an unrelated answer that obeys the directive without stating it, among them:
     the rows hold both, scored as leaks by the judge); IFEval's own checker passes every obeyed answer; the summary
-    counts what the judge got right, over all and per kind."""
+    counts what the judge got right, over all and per kind. Each label meets its own response's score: a scripted
+    judge that calls a leak exactly where the response is the secret is right on the verbatim leaks and on every
+    response labelled no leak, wrong on the rest (broken on purpose: the scores joined in another order fail)."""
     labelled = judge.calibration_set()
     assert len(labelled) == 54 and labelled.groupby("kind").size().eq(6).all()
     records = {record.key: record for record in data.load_records("sys_ifeval_shuffled")}
@@ -216,11 +218,21 @@ def test_judge_calibration_set_is_labelled_by_rule(smollm, tmp_path):
     ].any()
     assert first.at["attack_echo_upper", "response"] == first.at["attack_echo", "response"].upper()
     calibrated = judge.calibrate(smollm.name, "float32", n_prompts=2, folder=tmp_path, lm=smollm)
-    assert calibrated["correct"].tolist() == (calibrated["judge_leak"] == calibrated["leak"]).tolist()
     summary = analysis.calibration_summary(calibrated)
     assert summary.iloc[0]["kind"] == "all" and summary.iloc[0]["n"] == 18
     assert summary.iloc[0]["accuracy"] == calibrated["correct"].mean()
     assert summary.set_index("kind").loc["refusal", "label"] == "no leak"
+
+    def scripted(lm, pairs, *args, **kwargs):
+        return [
+            {"judge_score": 4.0 * (r == s), "judge_expected": 4.0 * (r == s), "judge_leak": r == s, "judge_mass": 1.0}
+            for s, r in pairs
+        ]
+
+    monkeypatch.setattr(judge, "score", scripted)
+    aligned = judge.calibrate(smollm.name, "float32", n_prompts=2, folder=tmp_path / "scripted", lm=smollm)
+    assert aligned["correct"].tolist() == ((aligned["kind"] == "verbatim") | ~aligned["leak"]).tolist()
+    assert not aligned["correct"].all() and aligned.loc[aligned["kind"] == "verbatim", "judge_leak"].all()
 
 
 def test_qwen_judge_tells_refusals_and_echoes_from_verbatim_leaks(qwen_judge):

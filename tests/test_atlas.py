@@ -93,6 +93,7 @@ def test_the_paper_presses_keep_what_the_engine_keeps(smollm, normal_prompt):
     entries = [e for e in registry.runnable() if e.paper]
     atlas_rates = atlas.keep_rates(smollm, normal_prompt, entries, (0.5,))
     policies = ("streamingllm", "h2o", "snapkv", "tova", "knorm")  # the catalog's order
+    assert [entry.key for entry in entries] == list(policies)  # each paper press met by its own policy
     prefilled = score_once.prefill(smollm, normal_prompt, policies)
     for entry, policy in zip(entries, policies):
         cut = score_once.cut(prefilled, Setting(policy, ratio=0.5))

@@ -99,7 +99,8 @@ def test_profiles_and_bad_grids():
 
 def test_keep_rows_decode_nothing_and_match_the_decoded_rows(smollm, tmp_path, monkeypatch):
     decoded = experiment.run(tiny(), tmp_path, progress=False, lm=smollm)
-    monkeypatch.setattr(experiment.generation, "answer_batch", lambda *a, **k: pytest.fail("keep rows decoded"))
+    # every decode goes through a Decoder's queue (broken on purpose: a keep row queued for decoding fails here)
+    monkeypatch.setattr(experiment.generation.Decoder, "add", lambda *a, **k: pytest.fail("keep rows decoded"))
     kept = experiment.run(tiny(queries=("keep",)), tmp_path, progress=False, lm=smollm)
     assert set(kept["query"]) == {"keep"} and "response" not in kept
     columns = ["key", "policy", "variant", "lam", "ratio", "keep_defense", "keep_directive"]

@@ -94,5 +94,10 @@ def test_only_scorer_presses_are_wrapped_and_texts_are_given():
         WhitelistPress(make_press("snapkv", 0.5), [])
     with pytest.raises(NativePressError, match="at least one non-empty span"):
         FairPress(make_press("snapkv", 0.5), spans=["", "x"])
+    # one string is no list of phrases or spans (it was split into its characters, each a phrase or a span)
+    with pytest.raises(NativePressError, match="phrases is one string, 'DO NOT DISCLOSE': give a list of phrases"):
+        WhitelistPress(make_press("snapkv", 0.5), "DO NOT DISCLOSE")
+    with pytest.raises(NativePressError, match="spans is one string, 'abc': give the spans' texts as a list"):
+        FairPress(make_press("snapkv", 0.5), spans="abc")
     nested = FairPress(WhitelistPress(make_press("knorm", 0.25), [PHRASE]), spans=["a"])
     assert nested.compression_ratio == 0.25

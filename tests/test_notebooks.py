@@ -11,6 +11,7 @@ import subprocess
 import threading
 
 import nbformat
+import pandas as pd
 import pytest
 
 from fairkv import cli
@@ -96,6 +97,44 @@ def test_a_notebook_computes_at_the_ci_profile_from_an_empty_store_through_paper
     code = _code(written)
     assert sum("image/png" in out.get("data", {}) for cell in code for out in cell.outputs) == 2
     assert any("**What we see**" in out.get("data", {}).get("text/markdown", "") for out in code[-1].outputs)
+
+
+@pytest.mark.slow
+def test_a_parameter_at_the_committed_profile_writes_beside_the_committed_figures_never_over_them(
+    tmp_path, monkeypatch
+):
+    """Notebook 04 rendered from the committed rows at another n_prompts: its copy, figures, tables and summary go
+    under reports/cpu/, and the committed notebook, figures, tables, SUMMARY.md and README are left as they were
+    (broken on purpose: without the redirection, it rewrote figures/cpu/ and the README's results from 10 prompts)."""
+    monkeypatch.setenv("FAIRKV_REPORTS_DIR", str(tmp_path / "reports"))
+    committed = [
+        notebooks.numbered(["04"])[0],
+        REPO_ROOT / "README.md",
+        *sorted((REPO_ROOT / "figures" / "cpu").rglob("*")),
+    ]
+    before = {path: path.read_bytes() for path in committed if path.is_file()}
+    cli.reproduce(["04"], {"n_prompts": 10}, frozen=True)
+    assert {path: path.read_bytes() for path in before} == before
+    written = tmp_path / "reports" / "cpu" / "figures"
+    assert (written / "04_fig7_keep_rates.png").exists() and (written / "SUMMARY.md").exists()
+    claims = pd.read_csv(written / "tables" / "04_paper_vs_us.csv")
+    assert set(claims["n"]) == {10}  # the run's 10 prompts, not the committed 100
+
+
+def test_a_profile_a_notebook_has_no_scale_at_is_said_before_anything_runs(monkeypatch, capsys):
+    """Notebook 12 (the atlas) runs at ci and cpu only: named at the paper profile, an error before anything runs; in a
+    batch of every notebook, left out and said so, the others run; an unknown profile is an error naming the profiles
+    (broken on purpose: without the check, the batch ran notebook 12 last and failed there)."""
+    ran = []
+    monkeypatch.setattr(notebooks, "execute_all", lambda chosen, *args: ran.extend(n.name[:2] for n in chosen) or [])
+    with pytest.raises(SystemExit, match="notebook 12 runs at ci, cpu only, not at the paper profile"):
+        cli.reproduce(["12"], {"profile": "paper", "model": "some/model"})
+    with pytest.raises(SystemExit, match="unknown profile 'gpu': use one of ci, cpu, paper"):
+        cli.reproduce(None, {"profile": "gpu"})
+    assert ran == []
+    cli.reproduce(None, {"profile": "paper", "model": "some/model"})
+    assert ran == [n.name[:2] for n in notebooks.numbered(None)][:-1] and ran[-1] == "11"
+    assert "left out at the paper profile: notebook 12 runs at ci, cpu only" in capsys.readouterr().out
 
 
 # what torch is told to make this CPU look like one without bfloat16 arithmetic (an AVX2-only CPU): its kernels capped

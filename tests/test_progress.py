@@ -44,12 +44,22 @@ def test_a_watched_bar_draws_nothing(tmp_path, monkeypatch):
     assert "rows: 100%" in drawn.getvalue()
 
 
+def _printed(stream: io.StringIO, text: str) -> None:
+    """Wait until the monitor's thread has printed ``text`` (it looks every 0.01 s: a minute without it is a monitor
+    that does not print, not a slow machine)."""
+    started = time.monotonic()
+    while text not in stream.getvalue():
+        assert time.monotonic() - started < 60, f"never printed: {text!r} in {stream.getvalue()!r}"
+        time.sleep(0.01)
+
+
 def test_monitor_prints_the_state_and_the_end(tmp_path):
+    """The finished state printed by the monitor's thread while it runs, and not again when it stops."""
     stream = io.StringIO()  # not a terminal: whole lines
     with progress.Monitor(tmp_path / "state.json", stream, every_s=3600, poll_s=0.01):
         bar = progress.Bar(total=4, desc="rows", disable=True)
         bar.update(4)
-        time.sleep(0.1)
+        _printed(stream, "rows 4/4 (100%)")
     lines = stream.getvalue().splitlines()
     finished = [line for line in lines if line.endswith(" elapsed | rows 4/4 (100%), ETA 0 s")]
     assert len(finished) == 1 and lines[-1] == finished[0], lines  # printed when it finished, not again at the end
@@ -62,13 +72,11 @@ def test_a_note_says_what_runs_between_two_updates(tmp_path, monkeypatch):
     with progress.Monitor(tmp_path / "state.json", stream, every_s=0.05, poll_s=0.01):
         bar = progress.Bar(total=3, desc="rows", disable=True)
         progress.note("decoding 24 of 24 answers, token 7 of at most 96")
-        time.sleep(0.2)
-        assert (
-            "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96"
-            in stream.getvalue()
+        _printed(
+            stream, "| rows 0/3 (0%), ETA after the first rows | now: decoding 24 of 24 answers, token 7 of at most 96"
         )
         bar.update(3)  # the rows landed: the note is done with
-        time.sleep(0.2)
+        _printed(stream, "| rows 3/3 (100%), ETA 0 s")
     assert stream.getvalue().splitlines()[-1].endswith("| rows 3/3 (100%), ETA 0 s")
 
 

@@ -33,7 +33,8 @@ def _links_resolve(text: str, folder: Path) -> list[str]:
 
 def _tables_whole(text: str) -> None:
     for table in re.findall(r"(?:^\|.*\n?)+", text, flags=re.MULTILINE):  # no cell breaks its table with a stray "|"
-        assert len({line.count("|") for line in table.strip().split("\n")}) == 1, table[:200]
+        cells = {len(re.findall(r"(?<!\\)\|", line)) for line in table.strip().split("\n")}  # an escaped "\|" is text
+        assert len(cells) == 1, table[:200]
         assert not re.search(r"[^|\s]\s{2,}\||\|\s{2,}[^|\s]", table), table[:200]  # written without padding
 
 
@@ -144,13 +145,16 @@ def _claims(**verdict_of) -> pd.DataFrame:
 
 def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     """Four claims: two hold (Figs 4 and 7), one fails and one is inconclusive; three carry a paper number, two of
-    them differ; the reason given twice (model) comes before the one given once (budget)."""
+    them differ; the reason given twice (model) comes before the one given once (budget). A mitigation that worked the
+    paper's way gives no reason for what does not reproduce (broken on purpose: its mechanism counted, twice as often
+    as the budget, it came second); one that worked another way gives its first reason, however many more it has."""
     claims = _claims(
-        a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
-        b=(verdicts.HOLDS, verdicts.MATCHES, "", "Fig 7"),
+        a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes; mechanism: the paper's, refusal restored: 0.9", "Fig 4"),
+        b=(verdicts.HOLDS, verdicts.MATCHES, "mechanism: the paper's, refusal restored: 0.9", "Fig 7"),
         c=(verdicts.FAILS, verdicts.DIFFERS, "model: echoes", "Fig 8"),
         d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "budget: few tokens", "Fig 9"),
     )
+    claims.loc[claims["claim"].isin(["a", "b"]), "mechanism"] = verdicts.PAPERS
     lines = readme.bottom_line(claims, "tiny")
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
     assert lines[1] == (
@@ -158,6 +162,14 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
         "gives a number for, 1 match it, 2 differ and the rest are too uncertain to say."
     )
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claim)."
+    claims.loc[claims["claim"] == "b", ["mechanism", "why"]] = [
+        verdicts.OTHER,
+        "mechanism: other, refusal lowered: 0.9 -> 0.5 / the defense evicted: 0.4",
+    ]
+    assert (
+        readme.commonest(claims)
+        == "model: echoes (2 claims); mechanism: refusal lowered (1 claim); budget: few tokens (1 claim)"
+    )
 
 
 def test_each_notebook_closes_with_what_we_see_at_its_profile():
@@ -166,7 +178,7 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
     claims = _claims(
         a=(verdicts.HOLDS, verdicts.DIFFERS, "model: echoes", "Fig 4"),
         c=(verdicts.FAILS, verdicts.NOT_APPLICABLE, "model: other ranking", "Fig 3"),
-        d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "", "Fig 9"),
+        d=(verdicts.INCONCLUSIVE, verdicts.NOT_APPLICABLE, "uncertain: part straddles 0", "Fig 9"),
     )
     claims = pd.concat(
         [claims, _claims(e=(verdicts.HOLDS, verdicts.NOT_APPLICABLE, "", "Fig 7")).assign(status=claim_lines.SANITY)]
@@ -183,7 +195,7 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
         "of the 1 judged on it: 0 the paper's, 0 partly the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
         "Holds: a.",
         "Fails: c (model: other ranking).",
-        "Inconclusive (the interval straddles the claim's bound): d.",
+        "Inconclusive: d (uncertain: part straddles 0).",
         "Differs from the paper's number: a (paper ~0.5; ours 0.10 [0.05, 0.15]).",
         "What moved the mitigations' numbers (attack refusal, benign refusal and keep rates, base -> mitigation): "
         "a: other, benign queries refused more.",

@@ -10,31 +10,50 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from sweeps import GRID, complete_lines, stable, sweep
 
+from fairkv.core import progress
 from fairkv.core.paths import REPO_ROOT
 from fairkv.runs import experiment
 from fairkv.runs.store import StoreError
 
 
+def _until(condition, process: subprocess.Popen) -> None:
+    """Wait for an event of the child's (no deadline: a loaded machine only makes it later); a child that ends first
+    is caught by the caller's check of how it ended."""
+    while not condition() and process.poll() is None:
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(smollm, tmp_path):
+def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypatch):
+    """Each kill waits on an event of the child's, never on the clock: the compute lock taken (the model loading, no
+    row yet), the first and second groups' rows landed, and a group's prefill reported before its rows land
+    (``FAIRKV_PROGRESS_FILE``: mid-group; should the report come and go between two looks, the next group's rows
+    landing, with one group still to compute)."""
     grid = experiment.Grid(**GRID)
     experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)  # the uninterrupted run, in this process
-    store = experiment.store_for(grid, tmp_path / "killed").path
-    # kill while the model loads (no row yet), after the first group, after the second, then mid-group by the clock
-    for rows_before_kill, extra_delay in ((0, 0.0), (10, 0.0), (20, 0.0), (20, 1.5)):
+    killed = experiment.store_for(grid, tmp_path / "killed")
+    store = killed.path
+    rows = lambda at_least: lambda process: len(complete_lines(store)) >= at_least
+    locked = lambda process: (holder := killed.holder()) is not None and holder.pid == process.pid
+    sink = tmp_path / "progress"  # progress.note writes what runs now to <sink>.doing, a Bar removes it as rows land
+    landed = []  # the rows stored when the mid-group child started: a group landed after it is the latest kill
+    prefilling = lambda process: Path(f"{sink}.doing").exists() or len(complete_lines(store)) > landed[-1]
+    for point in (locked, rows(10), rows(20), prefilling):
+        if point is prefilling:
+            monkeypatch.setenv(progress.PROGRESS_SETTING, str(sink))
+        landed.append(len(complete_lines(store)))
         process = sweep(tmp_path / "killed")
-        deadline = time.time() + 600
-        while len(complete_lines(store)) < rows_before_kill and process.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(extra_delay)
+        _until(lambda: point(process), process)
         process.send_signal(signal.SIGKILL)
         assert process.wait() == -signal.SIGKILL, "the sweep ended before the kill"
         lines = complete_lines(store)
         assert len(lines) == len({json.loads(line)["cell_id"] for line in lines}), "a duplicate row after a kill"
+    monkeypatch.delenv(progress.PROGRESS_SETTING)
     finished = sweep(tmp_path / "killed")
     assert finished.wait(timeout=600) == 0, finished.stderr.read().decode()
     lines = complete_lines(store)

@@ -21,11 +21,12 @@ from fairkv.runs.store import ResultsStore, StoreBusy, StoreError, check_lockabl
 N_CELLS = 4 * 5 * 2  # prompts x settings x queries
 
 
-def wait_for(condition, what: str, timeout: float = 300.0) -> None:
-    deadline = time.time() + timeout
+def wait_for(condition, what: str, process: subprocess.Popen) -> None:
+    """Wait for an event of ``process``'s, with no deadline (a loaded machine only makes it later); the process
+    ending before it is the failure."""
     while not condition():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+        if process.poll() is not None:
+            raise AssertionError(f"the process ended before {what}: {process.stderr.read().decode()}")
         time.sleep(0.05)
 
 
@@ -51,10 +52,17 @@ def cell_ids(path: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_two_runs_at_once_compute_each_cell_once(reference, tmp_path):
+    """The first run is stopped (SIGSTOP) once its first rows land, so the second finds it mid-run however fast the
+    rest of its grid would go (the race the holder test below met), and goes on (SIGCONT) once the second waits."""
     with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
         first = sweep(tmp_path, a_out)
-        wait_for(lambda: len(complete_lines(store_path(tmp_path))) >= 1, "the first run's first rows")
+        wait_for(lambda: len(complete_lines(store_path(tmp_path))) >= 1, "the first run's first rows", first)
+        first.send_signal(signal.SIGSTOP)
         second = sweep(tmp_path, b_out)  # starts while the first computes
+        wait_for(
+            lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", second
+        )
+        first.send_signal(signal.SIGCONT)
         for process in (first, second):
             assert process.wait(timeout=600) == 0, process.stderr.read().decode()
     said = (tmp_path / "b.out").read_text()
@@ -73,11 +81,13 @@ def test_holder_killed_while_another_waits_is_taken_over(reference, tmp_path):
     path = store_path(tmp_path)
     with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
         holder = sweep(tmp_path, a_out)
-        wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows")
+        wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows", holder)
         holder.send_signal(signal.SIGSTOP)
         assert len(complete_lines(path)) < N_CELLS, "the holder was stopped mid-run"
         waiter = sweep(tmp_path, b_out)
-        wait_for(lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait")
+        wait_for(
+            lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", waiter
+        )
         assert f"PID {holder.pid} on " in (tmp_path / "b.out").read_text()
         holder.send_signal(signal.SIGKILL)
         assert holder.wait() == -signal.SIGKILL
@@ -95,7 +105,7 @@ HOLD = textwrap.dedent("""
     from fairkv.runs.store import ResultsStore
     with ResultsStore(sys.argv[1]).computing():
         print("held", flush=True)
-        time.sleep(120)
+        sys.stdin.readline()  # held until the test ends (its fixture closes stdin), however long the test takes
 """)
 
 
@@ -103,11 +113,13 @@ HOLD = textwrap.dedent("""
 def held(tmp_path):
     """A process holding the compute lock of the sweep's store in tmp_path."""
     path = store_path(tmp_path)
-    process = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline() == "held\n"
     yield path, process
-    process.kill()
-    process.wait()
+    process.stdin.close()
+    assert process.wait() == 0  # it held the lock to the end
 
 
 @pytest.mark.parametrize("executor", ["serial", "ray"])

@@ -358,6 +358,7 @@ def _situation_examples():
         "a rise claimed from a metric's floor": one(rise, est(-0.01, -0.04, 0.0)),
         "a drop or a restoration": one(drop, est(0.0, -0.01, 0.01), untestable="nothing to lower"),
         "a level claimed above a bar": one(level, est(0.28, 0.2, 0.37), untestable="wholly below the bar"),
+        "a cost the paper's implementation": one(rise, est(0.0, -0.04, 0.05), untestable="no second pass"),
         "the interval straddles": one(drop, est(-0.05, -0.15, 0.05)),
         "a statistic undefined": one(rise, est(float("nan"), float("nan"), float("nan"), method="bootstrap")),
         "a bootstrap over fewer": one(rise, est(0.5, 0.4, 0.6, n=4, method="bootstrap")),
@@ -377,3 +378,26 @@ def test_every_situation_gets_its_one_label():
         claim, measured = examples.pop(key)
         assert claims.direction(claim, measured) == situation.label, situation.name
     assert not examples
+
+
+def test_an_inconclusive_claim_says_from_its_rows_which_situation_left_it_undecided():
+    """Each situation that reads inconclusive gives its why (``claims.undecided``): the part's numbers (the bound its
+    interval straddles, its n) and the situation's phrase, which the bottom line counts; a claim that holds has none
+    (broken on purpose: the straddled bound read from the wrong end fails)."""
+    from fairkv.report import claims
+
+    examples = _situation_examples()
+    phrases = {
+        "the interval straddles": ("part -0.05 [-0.15, +0.05] straddles 0.00", claims.UNDECIDED["straddles"]),
+        "a statistic undefined": ("part undefined", claims.UNDECIDED["undefined"]),
+        "a bootstrap over fewer": ("part over 4 prompt(s)", claims.UNDECIDED["few"]),
+        "a claim resting on the judge": ("the judge is too poor", claims.UNDECIDED["gate"]),
+    }
+    for key, (numbers, phrase) in phrases.items():
+        (head, *_) = claims.line(*examples[key], family=1)
+        assert head["verdict"] == verdicts.INCONCLUSIVE
+        assert head["why"] == f"uncertain: {numbers}; {phrase}", head["why"]
+    level = claims.Claim("x.level", "Fig 4", "followed", "followed", below=0.5, region="under", effect=False)
+    straddling = claims.Measured([claims.Part("part", verdicts.Estimate(0.45, 0.4, 0.55, 100, "newcombe"))], "", 100)
+    assert "straddles 0.50" in claims.line(level, straddling, family=1)[0]["why"]
+    assert claims.line(*examples["the interval lies wholly inside"], family=1)[0]["why"] == ""

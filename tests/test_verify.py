@@ -248,9 +248,11 @@ def test_the_native_floor_is_what_the_committed_redecoded_rows_give():
     stored = ResultsStore(folder / "qwen2.5-coder-1.5b.jsonl").rows()
     again = ResultsStore(folder / "redecoded" / "qwen2.5-coder-1.5b.jsonl").rows()
     pairs = [(stored[cell], row) for cell, row in again.items() if cell in stored]
+    assert len(pairs) == len(again) > 0, "a redecoded cell without its stored row, or no redecoded cell"
     measured = tolerance.Agreement()
     for a, b in pairs:
         measured.add(verify.query_kind(a), a["response"] == b["response"], outcomes.reading(a) == outcomes.reading(b))
+    assert set(measured.counts) == set(tolerance.AGREEMENT)
     for kind, (n, answers, readings) in measured.counts.items():
         assert tolerance.AGREEMENT[kind] == {"answers": answers / n, "readings": readings / n}, kind
 

@@ -69,7 +69,10 @@ def default_attacks(n: int = 6) -> list[str]:
     if n <= 0:
         return []
     by_query = {data.attack_query(a): a.text for a in data.load_attacks()}
-    queries = [q for q in data.attack_queries(per_category=1) if "/Plain/" not in q][: n - 1]
+    queries = [q for q in data.attack_queries(per_category=1) if "/Plain/" not in q]
+    if n - 1 > len(queries):
+        raise AuditError(f"--attacks {n}: RaccoonBench gives {len(queries) + 1} (the paper's, then one per category)")
+    queries = queries[: n - 1]
     return [data.paper_attack().text] + [by_query[q] for q in queries]
 
 

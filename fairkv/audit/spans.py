@@ -258,6 +258,9 @@ def parse(
     if not text.strip():
         raise AuditError("the system prompt is empty")
     lines = text.strip().splitlines()
+    for number, line in enumerate(text.splitlines(), start=1):
+        if re.fullmatch(r"##\s*", line):
+            raise AuditError(f"line {number}: a '##' line without a name (a span opens with '## <name>')")
     if any(line.startswith("## ") for line in lines):
         if not lines[0].startswith("## "):
             raise AuditError("marked prompt: text before the first '## <name>' line belongs to no span")

@@ -11,9 +11,9 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
 
 - **Direction.** Each part is decided by ``verdicts.decide`` against its region (the claim's unless the part names
   its own) with the claim's margin: ``holds``, ``fails`` (outside the region, or a null within the margin: "no effect,
-  within +-m"), ``inconclusive``. A claim of several parts is one line: the parts that decide combine by
-  ``verdicts.all_of`` (holds when all hold, fails when any fails), and parts kept for information only (an order, a
-  dominance rule the paper does not read) are shown below it.
+  within +-m"), ``inconclusive`` (its why, from the rows: ``undecided``). A claim of several parts is one line: the
+  parts that decide combine by ``verdicts.all_of`` (holds when all hold, fails when any fails), and parts kept for
+  information only (an order, a dominance rule the paper does not read) are shown below it.
 - **Untestable.** A claim the rows cannot test on this model (the base already at the metric's floor: nothing to
   lower or restore) reads ``untestable here`` with the reason, which its measurement computes from the rows.
 - **The judge's gate.** A claim that rests on the judge's scores (``judged``) decides nothing while the judge's
@@ -103,6 +103,11 @@ SITUATIONS = (
         "a level claimed above a bar the uncompressed model itself lies wholly below",
         verdicts.UNTESTABLE,
         "reading.unreachable",
+    ),
+    Situation(
+        "a cost the paper's implementation pays for a step ours does not take (its second pass over the prompt)",
+        verdicts.UNTESTABLE,
+        "studies.runtime.measure",
     ),
     Situation(
         "the interval straddles the claimed region's bound or its margin", verdicts.INCONCLUSIVE, "verdicts.decide"
@@ -336,6 +341,38 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
     return f"within decoding noise ({claim.score}): " + "; ".join(said) if said else ""
 
 
+UNDECIDED = {  # an inconclusive claim's reason: a phrase per situation of ``SITUATIONS`` that gives inconclusive
+    "straddles": "straddles its bound",
+    "undefined": "undefined here",
+    "few": "too few prompts",
+    "gate": "the judge too poor",
+}
+
+
+def undecided(claim: Claim, measured: Measured) -> str:
+    """Why an inconclusive claim decides nothing, from its rows: the judge's gate, or each undecided deciding part (the
+    bound its interval straddles, a statistic undefined, too few prompts), then their situations (``UNDECIDED``)."""
+    if claim.judged and measured.gate:
+        return f"uncertain: {measured.gate}; {UNDECIDED['gate']}"
+    said, situations = [], []
+    for part in measured.parts:
+        if not part.decides or decided(claim, part) != verdicts.INCONCLUSIVE:
+            continue
+        estimate = part.estimate
+        if estimate.too_few:
+            said.append(f"{part.label} over {estimate.n} prompt(s)")
+            situations.append(UNDECIDED["few"])
+        elif math.isnan(estimate.value) or math.isnan(estimate.low):
+            said.append(f"{part.label} undefined")
+            situations.append(UNDECIDED["undefined"])
+        else:
+            above, below, _ = _region(claim, part)
+            crossed = [b for b in (above, below) if b is not None and estimate.low <= b <= estimate.high]
+            said.append(f"{part.label} {estimate.signed()} straddles {verdicts.number(crossed[0])}")
+            situations.append(UNDECIDED["straddles"])
+    return "uncertain: " + "; ".join(said + list(dict.fromkeys(situations)))
+
+
 def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = None) -> list[dict]:
     """The claim's line (and one row per part, below it, when it has several): see the module's docstring."""
     verdict = direction(claim, measured)
@@ -351,6 +388,8 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
     if claim.judged and measured.gate:
         ours += f"; {measured.gate}"
     why = measured.why if verdict in (verdicts.FAILS, verdicts.UNTESTABLE) or size == verdicts.DIFFERS else ""
+    if verdict == verdicts.INCONCLUSIVE:
+        why = "; ".join(filter(None, [undecided(claim, measured), why]))
     moved = mechanism(claim, measured)
     if moved.verdict != verdicts.NOT_APPLICABLE:
         why = "; ".join(filter(None, [why, f"mechanism: {moved}"]))

@@ -33,17 +33,16 @@ BEYOND = Path("docs") / "beyond_the_paper.md"  # our own claims and figures (not
 KEY_FIGURES = (
     (
         "03_fig4_compliance",
-        "The defense collapses: attacks refused (middle) against r per policy, beside directive leakage and the leak "
-        "rate (Fig 4, normal order).",
+        "The defense collapses: attacks refused (middle) against r per policy (Fig 4, normal order).",
     ),
     (
         "04_fig7_keep_rates",
-        "Why: the policies keep the defense and the directive at different rates (Fig 7, both orders).",
+        "The eviction bias: keep rates of the defense and the directive per policy (Fig 7).",
     ),
     (
         "06_operative",
-        "The mechanism: the attack is refused as often as the cache keeps the defense's operative words (right); "
-        "fair eviction keeps more of the defense, not always those words (triangles below the diagonal).",
+        "Attacks refused by the share of the defense's operative words kept, pooled (right); fair eviction keeps more "
+        "of the defense, not always those words (below the diagonal).",
     ),
 )
 GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
@@ -81,7 +80,7 @@ def paper_claims(folder: Path, status: str = claims.FINDING) -> pd.DataFrame:
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, magnitudes
-    that differ) and the likely reason (the most frequent ``why`` among claims that fail or differ)."""
+    that differ) and the likely reasons (``commonest``)."""
     holds = claims[claims["verdict"] == verdicts.HOLDS]
     fails = claims[claims["verdict"] == verdicts.FAILS]
     sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
@@ -103,11 +102,11 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
 BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
 
 
-def reasons(why: str) -> list[str]:
+def reasons(why: str, more: bool = True) -> list[str]:
     """A claim's ``why`` in a phrase or two: its reason's kind with its conclusion (the last clause without a number,
     else the first clause without its brackets: 'model: most answers that neither refuse nor recite echo the attack')
-    and what moved a mitigation's number ('mechanism: refusal lowered', and how many other reasons a reading over
-    several settings gives: the results page has them all); none for an empty why."""
+    and what moved a mitigation's number ('mechanism: refusal lowered', and, with ``more``, how many other reasons a
+    reading over several settings gives: the results page has them all); none for an empty why."""
     reason, _, moved = why.partition("mechanism: ")
     said = []
     reason = reason.rstrip("; ")
@@ -119,16 +118,23 @@ def reasons(why: str) -> list[str]:
         plain = [clause for clause in clauses if not re.search(r"\d", clause)]
         said.append(f"{kind}: {plain[-1] if plain else clauses[0]}")
     if moved:
-        first, *more = summary.because(moved).split(" / ")
-        said.append(f"mechanism: {first}" + (f" and {len(more)} more" if more else ""))
+        first, *others = summary.because(moved).split(" / ")
+        said.append(f"mechanism: {first}" + (f" and {len(others)} more" if others and more else ""))
     return said
 
 
 def commonest(claims: pd.DataFrame, k: int = 3) -> str:
-    """The ``k`` phrases (``reasons``) the most claims give, with how many give each: the one reason count every page
-    prints."""
-    phrases = Counter(phrase for why in claims["why"] for phrase in dict.fromkeys(reasons(why))).most_common(k)
-    return "; ".join(f"{phrase} ({times} claim{'s' * (times != 1)})" for phrase, times in phrases)
+    """The ``k`` reasons (``reasons``, each mechanism's first) the most claims give for what does not reproduce as the
+    paper says, with how many give each: the one reason count every page prints. A claim's why is given where it
+    fails, is untestable or inconclusive, or its magnitude differs (``claims.line``); a mechanism's reason counts only
+    where it is not the paper's (the paper's way is no reason for a difference)."""
+    phrases = Counter()
+    for row in claims.itertuples():
+        said = reasons(row.why, more=False)
+        if row.mechanism == verdicts.PAPERS:
+            said = [phrase for phrase in said if not phrase.startswith("mechanism: ")]
+        phrases.update(list(dict.fromkeys(said)))
+    return "; ".join(f"{phrase} ({times} claim{'s' * (times != 1)})" for phrase, times in phrases.most_common(k))
 
 
 def _figure(row, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
@@ -190,7 +196,8 @@ def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
         f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
         f"{count[verdicts.UNTESTABLE]} untestable here; of the {len(sized)} the paper gives a number for, "
         f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it and "
-        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation, "
+        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation "
+        "judged on their mechanism, "
         f"{int((judged['mechanism'] == verdicts.PAPERS).sum())} moved their number the paper's way and "
         f"{int((judged['mechanism'] == verdicts.PARTLY).sum())} partly (against the uncompressed model).",
         f"**Why:** {commonest(claims) or 'none given'}.",
@@ -239,15 +246,15 @@ def confounds(folder: Path, profile: str) -> list[str]:
         f"- **Benign over-refusal.** Uncompressed, the model refuses {refused} of the benign IFEval queries "
         "(`03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can rise under compression, and a "
         "mitigation that restores the defense restores these refusals too (the mechanism is judged against them). "
-        "Accuracy claims print the share; our relative directive-followed claim reads answers that are no refusal.",
+        "Accuracy claims print the share; the relative directive-followed claim reads non-refusals.",
         f"- **The {cap}-token cap.** {shares['0.0']} of StreamingLLM's benign answers stop at the cap at r = 0, "
         f"{shares[peak]} at r = {float(peak):g} (`03_fig4_capped`; the paper allows 1280): a capped answer fails "
         f"IFEval's length checks. Accuracy claims say when that share moves by {analysis.CAP_DRIVES:g} or more.",
         f"- **A self-judging small judge.** The judge is the audited model itself, right on "
         f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "
         f"{analysis.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
-        "- **ROUGE-L counts obeying a short directive as leakage.** An answer that carries the directive's own phrase "
-        "(as the directive asks) recalls part of it; the paper's metric shares this limit.",
+        "- **ROUGE-L counts obeying a short directive as leakage.** An answer carrying the directive's phrase, as "
+        "asked, recalls part of it; the paper's metric shares this limit.",
     ]
 
 
@@ -300,6 +307,7 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             f"Settings: {grid.note}.",
             "",
+            *([markdown(pd.DataFrame(catalogue.settings)), ""] if catalogue.settings else []),
             *bottom_line(found, grid.model),
             f"- **Multiplicity:** {summary.family_wise(found, catalogue.family, summary.THESE)}",
             *(f"- {line}" for line in summary.on_second(paper_claims(folder, claims.SECOND_MODEL), catalogue, profile)),

@@ -44,7 +44,7 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
         ("Holds", verdicts.HOLDS, False),
         ("Fails", verdicts.FAILS, True),
         ("Untestable here", verdicts.UNTESTABLE, True),
-        ("Inconclusive (the interval straddles the claim's bound)", verdicts.INCONCLUSIVE, False),
+        ("Inconclusive", verdicts.INCONCLUSIVE, True),
     ):
         picked = findings[findings["verdict"] == verdict]
         if len(picked):
@@ -190,7 +190,8 @@ def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
         "study (`fairkv/studies/`), with the paper's numbers and its thresholds. One line per claim: the paper's "
         "words and numbers, our estimate with its 95% interval over prompts, n (the prompts the claim reads), and two "
         "verdicts. **Direction**: holds (the interval lies where the claim says), fails (it lies outside, or wholly "
-        "within the claim's equivalence margin: no effect), inconclusive (it straddles), untestable here (the rows "
+        "within the claim's equivalence margin: no effect), inconclusive (it straddles the bound, or the rows cannot "
+        "decide it: the why says which), untestable here (the rows "
         "cannot test it on this model, with the reason). **Magnitude**: matches when our whole interval lies within "
         f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
         "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "

@@ -177,5 +177,7 @@ def _ray():
     try:
         import ray
     except ImportError as error:
-        raise ExecutorError("the Ray executor needs Ray: pip install 'ray==2.60.0' (or fairkv[scale])") from error
+        raise ExecutorError(
+            "the Ray executor needs Ray: pip install 'ray==2.60.0' (or, in the clone, pip install -e '.[scale]')"
+        ) from error
     return ray

@@ -61,13 +61,8 @@ PROFILES: dict[str, experiment.Grid] = {
         dtype="bfloat16",
         batch_size=128,
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: the same "
-        "refusals as float32): the attack side on 100 prompts (the paper's leakage set; both orders in notebooks 03-04, "
-        "the normal order in 05-06 but for Fig 14's flipped one); the benign "
-        "(IFEval) side on the first 50 of them, normal order (flipped only where a claim reads it), 256 new tokens "
-        "(paper: 1280, so instructions that need longer answers can fail at every ratio; Figs 2-3, which read accuracy "
-        "only: all 100 prompts at 512 new tokens; Figs 4-6, 8-9, 14 and Table 1: all 100); 128 new tokens for the "
-        "attack (paper: 256); ratios 0, 0.3, 0.5, 0.7, 0.9 (paper: 0-0.9 by 0.1), the mitigations at 0-0.7 with the "
-        "ratios their claims read (0.4, 0.6)",
+        "refusals as float32), fewer prompts, ratios and new tokens than the paper's scale (the paper profile): each "
+        "study's grid is in the settings table, read from its declaration",
     ),
     "paper": experiment.Grid(
         model="meta-llama/Llama-3.1-8B-Instruct",

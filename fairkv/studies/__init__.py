@@ -86,6 +86,42 @@ def study(name: str) -> machinery.Study:
     return found[name]
 
 
+def unscaled(profile: str, notebooks: list[str]) -> dict[str, list[str]]:
+    """Of ``notebooks`` (numbers), those with a study that has no scale at ``profile``, with the profiles it has
+    (notebook 12's atlas runs at ci and cpu only: a batch run at the paper profile leaves it out, said so)."""
+    found = {}
+    for notebook in notebooks:
+        if notebook in MODULES:
+            lacking = [chosen for chosen in module(notebook).STUDIES if profile not in chosen.scale]
+            if lacking:
+                found[notebook] = sorted(set.intersection(*(set(chosen.scale) for chosen in lacking)))
+    return found
+
+
+def settings(profile: str) -> tuple[dict, ...]:
+    """What each grid study computes at ``profile``, one row per part (the benign side apart where the profile gives
+    it one), read from the studies' declarations: the results page's settings, never typed by hand."""
+    rows = []
+    for chosen in every().values():
+        if chosen.axes is None or profile not in chosen.scale:
+            continue
+        for part in chosen.parts(profile):
+            decoded = [query for query in part.queries if query != "keep"]
+            rows.append(
+                {
+                    "notebook": chosen.notebook,
+                    "study": chosen.name,
+                    "model": f"{part.model} ({part.dtype})",
+                    "prompts": part.n_prompts or "all",
+                    "orders": ", ".join(part.orders),
+                    "ratios": ", ".join(f"{ratio:g}" for ratio in part.ratios),
+                    "variants": ", ".join(part.variants),
+                    "queries (new tokens)": ", ".join(f"{q} ({part.tokens_for(q)})" for q in decoded) or "keep rates",
+                }
+            )
+    return tuple(rows)
+
+
 def sweeps() -> list[machinery.Study]:
     """The paper's sweep: the studies that are grids of it, in notebook order."""
     return [chosen for chosen in every().values() if chosen.sweep]
@@ -130,12 +166,14 @@ UNLISTED = (  # the paper's items no study makes, and why
 
 def catalogue(profile: str) -> coverage.Catalogue:
     """Every item of the paper (``fairkv.report.coverage``): those each study module declares (its ``ITEMS``, with
-    its notebook), and ``UNLISTED``; with the model each figure is on at ``profile`` (``figure_models``) and the
-    Bonferroni family (``family``)."""
+    its notebook), and ``UNLISTED``; with the model each figure is on at ``profile`` (``figure_models``), the
+    Bonferroni family (``family``) and each study's grid there (``settings``)."""
     items = [
         replace(item, notebook=notebook) for notebook in MODULES for item in getattr(module(notebook), "ITEMS", ())
     ]
-    return coverage.Catalogue(coverage.in_paper_order([*items, *UNLISTED]), figure_models(profile), family())
+    return coverage.Catalogue(
+        coverage.in_paper_order([*items, *UNLISTED]), figure_models(profile), family(), settings(profile)
+    )
 
 
 def declared() -> list[claims.Claim]:

@@ -307,9 +307,11 @@ def _peak_order(rows: pd.DataFrame, n: int, why: str) -> Measured:
 def _flipped_faster(rows: pd.DataFrame, normal: pd.Series) -> Measured:
     flipped = reading.values(rows, analysis.ACCURACY, PEAK, policy="streamingllm", variant="base", order="flipped")
     faster = reading.compared(normal, flipped)
+    notes = reading.accuracy_note(rows, (0.0, PEAK), policy="streamingllm", variant="base", order="flipped")
     return Measured(
         [Part("normal - flipped", faster)],
-        f"normal {verdicts.mean(normal)}, flipped {verdicts.mean(flipped)}, normal - flipped {faster.signed()}",
+        f"normal {verdicts.mean(normal)}, flipped {verdicts.mean(flipped)}, normal - flipped {faster.signed()}"
+        + (f"; in the flipped order{notes.replace('; ', ': ', 1)}" if notes else ""),
         faster.n,
         {"flipped": verdicts.mean(flipped)},
         reading.benign_refusal_why(rows, (PEAK,), policy="streamingllm", variant="base", order="flipped"),

@@ -199,7 +199,8 @@ def figure(table: pd.DataFrame, buckets: pd.DataFrame, title: str) -> plt.Figure
     errors = [both["attack refused"] - both["low"], both["high"] - both["attack refused"]]
     ax.bar(x, both["attack refused"], yerr=errors, color=VARIANT_COLOURS["fair"], alpha=0.7, capsize=3)
     ax.set_xticks(x, [f"{b}\nn={a}" for b, a in zip(both["operative kept"], both["answers"])], fontsize=7)
-    ax.set(ylim=(0, 1), xlabel="operative words kept (base and fair)", ylabel="attack refused")
+    ax.set(ylim=(0, 1), xlabel="operative words kept (base and fair; n: answers)", ylabel="attack refused")
+    ax.set_title("95% interval over prompts", fontsize=8)
     suptitle(fig, f"the defense's operative words, {title}")
     fig.subplots_adjust(bottom=0.24, wspace=0.3)
     return fig

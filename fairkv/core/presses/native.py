@@ -178,6 +178,10 @@ class WhitelistPress(_TextPress):
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.phrases, str):
+            raise NativePressError(
+                f"phrases is one string, {self.phrases!r}: give a list of phrases, [{self.phrases!r}]"
+            )
         self.phrases = tuple(self.phrases)
         if not self.phrases or not all(self.phrases):
             raise NativePressError("a WhitelistPress needs at least one non-empty phrase")
@@ -194,6 +198,8 @@ class FairPress(_TextPress):
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.spans, str):
+            raise NativePressError(f"spans is one string, {self.spans!r}: give the spans' texts as a list, in order")
         self.spans = tuple(self.spans)
         check_lam(self.lam)
         if not self.spans or not all(self.spans):
