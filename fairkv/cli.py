@@ -298,7 +298,7 @@ def run_verify(paths: list[Path], sample: int, seed: int) -> int:
     for path in paths:
         try:
             reports.append(verify.verify(path, sample, seed, reading=outcomes.reading))
-        except (verify.VerifyError, fingerprint.FingerprintError) as error:
+        except (verify.VerifyError, fingerprint.FingerprintError, StoreError) as error:
             raise SystemExit(f"fairkv verify: {error}") from error
         print(reports[-1], flush=True)
     return int(any(report.failed for report in reports))
@@ -309,7 +309,7 @@ def run_restamp(paths: list[Path], was: str, sample: int, seed: int) -> int:
     for path in paths:
         try:
             report, changed = verify.restamp(path, was, sample, seed, reading=outcomes.reading)
-        except (verify.VerifyError, fingerprint.FingerprintError) as error:
+        except (verify.VerifyError, fingerprint.FingerprintError, StoreError) as error:
             raise SystemExit(f"fairkv restamp: {error}") from error
         print(f"{report}\n{path}: {changed} rows restamped {was} -> {verify.stamp(report.now)}", flush=True)
     return 0

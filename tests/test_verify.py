@@ -333,3 +333,15 @@ def test_rows_a_task_returns_under_another_press_stamp_are_refused(smollm, tmp_p
     assert store.rows() == {}
     runner.run(Job(fingerprint.versions(), fingerprint.press_stamp("snapkv")), store, lm=smollm, progress=False)
     assert list(store.rows()) == ["cell-a"]
+
+
+def test_a_missing_store_or_one_of_another_schema_is_named(tmp_path):
+    """fairkv verify and restamp name a store that is not there, and one of another schema, in a line of their own
+    (they gave a traceback, or "holds no rows" for a path that does not exist)."""
+    with pytest.raises(SystemExit, match=r"fairkv verify: .*missing.jsonl: no such store"):
+        cli.main(["verify", str(tmp_path / "missing.jsonl")])
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text('{"a": 1}\n')
+    for command in ("verify", "restamp"):
+        with pytest.raises(SystemExit, match=rf"fairkv {command}: .*junk.jsonl, line 1: written with results schema"):
+            cli.main([command, str(junk), *(["--was", "0123456789ab"] if command == "restamp" else [])])

@@ -249,7 +249,10 @@ def verify(
     for bit where this process computes with the arithmetic a row records, by ``fairkv.runs.tolerance``'s rule where it
     does not (``reading``: what a decoded answer says, ``fairkv.report.outcomes.reading``, needed there). The rows must
     carry this checkout's stamp for their kind, or ``stamped`` (``restamp``'s check)."""
-    rows = list(ResultsStore(path).rows().values())
+    store = ResultsStore(path)
+    if not store.path.exists() and not store.segments():
+        raise VerifyError(f"{path}: no such store (no file, nor sealed segments of it beside it)")
+    rows = list(store.rows().values())
     if not rows:
         raise VerifyError(f"{path} holds no rows")
     kind = kind_of(path, rows)
