@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("fairkv reproduce: --jobs N, N >= 1, goes with --check (other runs execute one at a time)")
     jobs = args.jobs or notebooks.CHECK_JOBS
     if args.redecoded:
+        if set(parameters) - {"profile"}:
+            raise SystemExit(
+                "fairkv reproduce: --redecoded rewrites the tables the claims' noise column reads: no parameter but "
+                "-p profile"
+            )
         with redecoded_run(), tempfile.TemporaryDirectory(prefix="fairkv-redecoded-") as scratch:
             os.environ["FAIRKV_REPORTS_DIR"] = scratch  # the executed copies are not kept: only the tables count
             reproduce(args.notebooks or None, parameters, args.frozen, args.check, jobs)

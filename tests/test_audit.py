@@ -636,6 +636,8 @@ def test_bad_input_stops_the_command_with_one_line_before_anything_is_asked_or_l
     cases = {
         ("--ratios", "0", "1.5"): "fairkv audit: compression ratio 1.5 is outside",
         ("--ratios", "0.5", "0.5"): "fairkv audit: --ratios: 0.5 given twice",
+        ("--policies", "h2o", "tova", "h2o"): "fairkv audit: --policies: h2o given twice",
+        ("--fail-on-leak", "--max-ratio", "1.5"): "fairkv audit: compression ratio 1.5 is outside",
         ("--policies", "adakv(snapkv)"): "fairkv audit: 'adakv\\(snapkv\\)' is built per setting",
         ("--policies", "snapkvv"): "fairkv audit: .*snapkvv",
         ("--attacks", "100"): "fairkv audit: --attacks 100: RaccoonBench gives",

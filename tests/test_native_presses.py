@@ -54,6 +54,8 @@ def test_whitelist_and_fair_eviction_compose_through_kvpress_pipeline(smollm, co
             for start, end in spans:
                 share = sum(start <= p < end for p in positions)
                 assert abs(share - n_kept * (end - start) / n) <= 1
+    with pytest.raises(NativePressError, match="spans is one string"):  # not its characters, each a span
+        press.keep_rates(defense)
 
 
 def test_lam_zero_keeps_what_the_wrapped_press_keeps(smollm, context):
@@ -95,9 +97,9 @@ def test_only_scorer_presses_are_wrapped_and_texts_are_given():
     with pytest.raises(NativePressError, match="at least one non-empty span"):
         FairPress(make_press("snapkv", 0.5), spans=["", "x"])
     # one string is no list of phrases or spans (it was split into its characters, each a phrase or a span)
-    with pytest.raises(NativePressError, match="phrases is one string, 'DO NOT DISCLOSE': give a list of phrases"):
+    with pytest.raises(NativePressError, match="phrases is one string, 'DO NOT DISCLOSE': give a list of texts"):
         WhitelistPress(make_press("snapkv", 0.5), "DO NOT DISCLOSE")
-    with pytest.raises(NativePressError, match="spans is one string, 'abc': give the spans' texts as a list"):
+    with pytest.raises(NativePressError, match="spans is one string, 'abc': give a list of texts"):
         FairPress(make_press("snapkv", 0.5), spans="abc")
     nested = FairPress(WhitelistPress(make_press("knorm", 0.25), [PHRASE]), spans=["a"])
     assert nested.compression_ratio == 0.25

@@ -170,6 +170,12 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
         readme.commonest(claims)
         == "model: echoes (2 claims); mechanism: refusal lowered (1 claim); budget: few tokens (1 claim)"
     )
+    # an inconclusive claim that also differs gives both its reasons, each under its own kind; what inconclusive
+    # means (its interval straddles its bound) is counted apart by the bottom line, not as a reason
+    both = f"uncertain: gap +0.05 [-0.01, +0.10] straddles 0.00; {claim_lines.UNDECIDED['straddles']}; model: echoes"
+    assert readme.reasons(both) == [f"uncertain: {claim_lines.UNDECIDED['straddles']}", "model: echoes"]
+    claims.loc[claims["claim"] == "d", "why"] = both
+    assert readme.commonest(claims).startswith("model: echoes (3 claims); mechanism: refusal lowered (1 claim)")
 
 
 def test_each_notebook_closes_with_what_we_see_at_its_profile():

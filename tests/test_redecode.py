@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fairkv import studies
+from fairkv import cli, studies
 from fairkv.core.paths import REDECODED_FOLDER, REDECODED_SETTING
 from fairkv.report import claims, summary
 from fairkv.runs import experiment, redecode
@@ -85,3 +85,10 @@ def test_the_noise_column_says_what_decoding_again_did(monkeypatch):
     assert flipped == f"{studies.SENSITIVE}: decoded again (200 cells, batch 64), verdict inconclusive -> fails"
     partial = again.assign(**{studies.AGAIN: "150 of 200"})  # rendered before its cells were all there
     assert "not yet read" in studies._said_again(claim, line("fails", "differs"), partial, "03", "cpu")
+
+
+def test_a_redecoded_render_takes_no_parameter_but_the_profile():
+    """``--redecoded`` writes the tables the claims' noise column reads (figures/redecoded/): a parameter (another
+    n_prompts) would rewrite them from other rows, so it is refused before anything runs."""
+    with pytest.raises(SystemExit, match="--redecoded rewrites the tables the claims' noise column reads"):
+        cli.main(["reproduce", "02", "--redecoded", "-p", "n_prompts", "10"])

@@ -31,9 +31,9 @@ def _until(condition, process: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_sigkill_at_several_points_then_resume_equals_an_uninterrupted_run(smollm, tmp_path, monkeypatch):
     """Each kill waits on an event of the child's, never on the clock: the compute lock taken (the model loading, no
-    row yet), the first and second groups' rows landed, and a group's prefill reported before its rows land
-    (``FAIRKV_PROGRESS_FILE``: mid-group; should the report come and go between two looks, the next group's rows
-    landing, with one group still to compute)."""
+    row yet), the first and second groups' rows landed, and a group's work begun, its rows not landed (the child
+    reports "prefilling prompt ..." through ``FAIRKV_PROGRESS_FILE`` as a group starts; should that report come and go
+    between two looks, the group's rows landing, with a group still to compute)."""
     grid = experiment.Grid(**GRID)
     experiment.run(grid, tmp_path / "clean", progress=False, lm=smollm)  # the uninterrupted run, in this process
     killed = experiment.store_for(grid, tmp_path / "killed")

@@ -56,13 +56,16 @@ def test_two_runs_at_once_compute_each_cell_once(reference, tmp_path):
     rest of its grid would go (the race the holder test below met), and goes on (SIGCONT) once the second waits."""
     with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
         first = sweep(tmp_path, a_out)
-        wait_for(lambda: len(complete_lines(store_path(tmp_path))) >= 1, "the first run's first rows", first)
-        first.send_signal(signal.SIGSTOP)
-        second = sweep(tmp_path, b_out)  # starts while the first computes
-        wait_for(
-            lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", second
-        )
-        first.send_signal(signal.SIGCONT)
+        second = None
+        try:
+            wait_for(lambda: len(complete_lines(store_path(tmp_path))) >= 1, "the first run's first rows", first)
+            first.send_signal(signal.SIGSTOP)
+            second = sweep(tmp_path, b_out)  # starts while the first computes
+            wait_for(
+                lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", second
+            )
+        finally:
+            first.send_signal(signal.SIGCONT)  # never left stopped, whatever failed
         for process in (first, second):
             assert process.wait(timeout=600) == 0, process.stderr.read().decode()
     said = (tmp_path / "b.out").read_text()
@@ -81,15 +84,17 @@ def test_holder_killed_while_another_waits_is_taken_over(reference, tmp_path):
     path = store_path(tmp_path)
     with open(tmp_path / "a.out", "w") as a_out, open(tmp_path / "b.out", "w") as b_out:
         holder = sweep(tmp_path, a_out)
-        wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows", holder)
-        holder.send_signal(signal.SIGSTOP)
-        assert len(complete_lines(path)) < N_CELLS, "the holder was stopped mid-run"
-        waiter = sweep(tmp_path, b_out)
-        wait_for(
-            lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", waiter
-        )
-        assert f"PID {holder.pid} on " in (tmp_path / "b.out").read_text()
-        holder.send_signal(signal.SIGKILL)
+        try:
+            wait_for(lambda: len(complete_lines(path)) >= 10, "the holder's first rows", holder)
+            holder.send_signal(signal.SIGSTOP)
+            assert len(complete_lines(path)) < N_CELLS, "the holder was stopped mid-run"
+            waiter = sweep(tmp_path, b_out)
+            wait_for(
+                lambda: "waiting for it to finish" in (tmp_path / "b.out").read_text(), "the second run to wait", waiter
+            )
+            assert f"PID {holder.pid} on " in (tmp_path / "b.out").read_text()
+        finally:
+            holder.send_signal(signal.SIGKILL)  # never left stopped, whatever failed
         assert holder.wait() == -signal.SIGKILL
         assert waiter.wait(timeout=600) == 0, waiter.stderr.read().decode()
     said = (tmp_path / "b.out").read_text()

@@ -268,3 +268,21 @@ def test_the_grid_checks_fail_on_a_grid_that_adds_to_the_papers():
         {"cpu": Scale(ratios=(0.0, 0.5)), "paper": paper},
     )
     test_each_grid_is_the_profiles_cut_of_the_papers(fine, "cpu")
+
+
+def test_every_grid_of_the_settings_table_is_in_the_committed_rows():
+    """The results page's settings table (``fairkv.studies.settings``) shows what notebooks 01-07 run: every cell of
+    each grid it lists is in the committed cpu store the notebook reads, so the table cannot show a grid the rows do
+    not hold (broken on purpose: the grids read at the paper profile's scale fail). Cells two studies share count for
+    both, so this holds the table to the rows, not each study to cells of its own."""
+    grids = fairkv.studies.paper_grids("cpu")
+    assert len(grids) == len(fairkv.studies.settings("cpu")) and {c.notebook for c, _ in grids} == {
+        f"{n:02d}" for n in range(1, 8)
+    }
+    stored = {}
+    for chosen, part in grids:
+        path = experiment.store_for(part, chosen.results("cpu")).path
+        if path not in stored:
+            stored[path] = set(experiment.ResultsStore(path).rows())
+        missing = experiment.cell_ids(part) - stored[path]
+        assert not missing, f"{chosen.name}: {len(missing)} cells of its grid are not in {path.name}"

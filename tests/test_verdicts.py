@@ -391,12 +391,16 @@ def test_an_inconclusive_claim_says_from_its_rows_which_situation_left_it_undeci
         "the interval straddles": ("part -0.05 [-0.15, +0.05] straddles 0.00", claims.UNDECIDED["straddles"]),
         "a statistic undefined": ("part undefined", claims.UNDECIDED["undefined"]),
         "a bootstrap over fewer": ("part over 4 prompt(s)", claims.UNDECIDED["few"]),
-        "a claim resting on the judge": ("the judge is too poor", claims.UNDECIDED["gate"]),
     }
     for key, (numbers, phrase) in phrases.items():
         (head, *_) = claims.line(*examples[key], family=1)
         assert head["verdict"] == verdicts.INCONCLUSIVE
         assert head["why"] == f"uncertain: {numbers}; {phrase}", head["why"]
+    gated = claims.line(*examples["a claim resting on the judge"], family=1)[0]  # the gate's numbers: in ours
+    assert gated["why"] == f"uncertain: {claims.UNDECIDED['gate']}" and "the judge is too poor" in gated["ours"]
+    half = claims.Measured([claims.Part("part", verdicts.Estimate(0.45, 0.4, float("nan"), 100, "newcombe"))], "", 100)
+    bar = examples["a level claimed above a bar"][0]  # above 0.5: [0.4, nan] neither inside nor outside
+    assert claims.line(bar, half, family=1)[0]["why"] == f"uncertain: part undefined; {claims.UNDECIDED['undefined']}"
     level = claims.Claim("x.level", "Fig 4", "followed", "followed", below=0.5, region="under", effect=False)
     straddling = claims.Measured([claims.Part("part", verdicts.Estimate(0.45, 0.4, 0.55, 100, "newcombe"))], "", 100)
     assert "straddles 0.50" in claims.line(level, straddling, family=1)[0]["why"]

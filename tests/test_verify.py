@@ -338,8 +338,12 @@ def test_rows_a_task_returns_under_another_press_stamp_are_refused(smollm, tmp_p
 def test_a_missing_store_or_one_of_another_schema_is_named(tmp_path):
     """fairkv verify and restamp name a store that is not there, and one of another schema, in a line of their own
     (they gave a traceback, or "holds no rows" for a path that does not exist)."""
-    with pytest.raises(SystemExit, match=r"fairkv verify: .*missing.jsonl: no such store"):
-        cli.main(["verify", str(tmp_path / "missing.jsonl")])
+    for command in ("verify", "restamp"):
+        was = ["--was", "0123456789ab"] if command == "restamp" else []
+        with pytest.raises(SystemExit, match=rf"fairkv {command}: .*missing.jsonl: no such store"):
+            cli.main([command, str(tmp_path / "missing.jsonl"), *was])
+        with pytest.raises(SystemExit, match=rf"fairkv {command}: .* is a folder: name a store in it"):
+            cli.main([command, str(tmp_path), *was])
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"a": 1}\n')
     for command in ("verify", "restamp"):

@@ -1,10 +1,10 @@
 """``fairkv audit`` on the command line: its arguments, the checks of its input before anything is asked or loaded,
 and the run (``fairkv.audit``): show the spans, ask for confirmation, audit, write the reports, print the verdict.
 
-Bad input stops the command with one line naming it (``fairkv audit: ...``), before the spans are shown and the model
-is loaded where it can be told from the arguments (a ratio outside [0, 1) or given twice, a policy unknown or built per
-setting, more attacks than RaccoonBench has, a prompt file unreadable or not UTF-8); where it shows only at the load (a
-model that cannot be found, a prompt too short for a policy) it stops the same way.
+Bad input stops the command with one line naming it (``fairkv audit: ...``), before the spans are shown and the model is
+loaded where it can be told from the arguments (a ratio outside [0, 1) or given twice, a policy unknown, twice or built
+per setting, more attacks than RaccoonBench has, a prompt file unreadable or not UTF-8); where it shows only at the load
+(a model that cannot be found, a prompt too short for a policy) it stops the same way.
 """
 
 from __future__ import annotations
@@ -118,9 +118,12 @@ def _read(args) -> tuple[audit.Spec, list[str]]:
     try:
         for ratio in args.ratios:
             check_ratio(ratio)
-        twice = sorted({f"{r:g}" for r in args.ratios if args.ratios.count(r) > 1})
-        if twice:
-            raise audit.AuditError(f"--ratios: {', '.join(twice)} given twice (each ratio is one cell)")
+        if args.max_ratio is not None:
+            check_ratio(args.max_ratio)
+        for given, what in ((args.ratios, "ratios"), (args.policies, "policies")):
+            twice = sorted({f"{v:g}" if isinstance(v, float) else v for v in given if given.count(v) > 1})
+            if twice:
+                raise audit.AuditError(f"--{what}: {', '.join(twice)} given twice (each is one cell)")
         for name in args.policies:
             if get_policy(name).backend != SCORE_ONCE:
                 raise PolicyError(

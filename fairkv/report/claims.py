@@ -109,9 +109,7 @@ SITUATIONS = (
         verdicts.UNTESTABLE,
         "studies.runtime.measure",
     ),
-    Situation(
-        "the interval straddles the claimed region's bound or its margin", verdicts.INCONCLUSIVE, "verdicts.decide"
-    ),
+    Situation("the interval straddles the claimed region's bound", verdicts.INCONCLUSIVE, "verdicts.decide"),
     Situation(
         "a statistic undefined on the data (NaN: a kind with too few classes, too few draws defined)",
         verdicts.INCONCLUSIVE,
@@ -341,6 +339,8 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
     return f"within decoding noise ({claim.score}): " + "; ".join(said) if said else ""
 
 
+# the kinds a why's reasons open with ('model: ...; mechanism: ...'), each study's, and ``undecided``'s
+WHY_KINDS = ("uncertain", "model and budget", "model", "budget", "code", "machine", "mitigation")
 UNDECIDED = {  # an inconclusive claim's reason: a phrase per situation of ``SITUATIONS`` that gives inconclusive
     "straddles": "straddles its bound",
     "undefined": "undefined here",
@@ -353,7 +353,7 @@ def undecided(claim: Claim, measured: Measured) -> str:
     """Why an inconclusive claim decides nothing, from its rows: the judge's gate, or each undecided deciding part (the
     bound its interval straddles, a statistic undefined, too few prompts), then their situations (``UNDECIDED``)."""
     if claim.judged and measured.gate:
-        return f"uncertain: {measured.gate}; {UNDECIDED['gate']}"
+        return f"uncertain: {UNDECIDED['gate']}"  # its numbers are in ``ours``
     said, situations = [], []
     for part in measured.parts:
         if not part.decides or decided(claim, part) != verdicts.INCONCLUSIVE:
@@ -362,12 +362,13 @@ def undecided(claim: Claim, measured: Measured) -> str:
         if estimate.too_few:
             said.append(f"{part.label} over {estimate.n} prompt(s)")
             situations.append(UNDECIDED["few"])
-        elif math.isnan(estimate.value) or math.isnan(estimate.low):
+            continue
+        above, below, _ = _region(claim, part)
+        crossed = [b for b in (above, below) if b is not None and estimate.low <= b <= estimate.high]
+        if any(math.isnan(v) for v in (estimate.value, estimate.low, estimate.high)) or not crossed:
             said.append(f"{part.label} undefined")
             situations.append(UNDECIDED["undefined"])
         else:
-            above, below, _ = _region(claim, part)
-            crossed = [b for b in (above, below) if b is not None and estimate.low <= b <= estimate.high]
             said.append(f"{part.label} {estimate.signed()} straddles {verdicts.number(crossed[0])}")
             situations.append(UNDECIDED["straddles"])
     return "uncertain: " + "; ".join(said + list(dict.fromkeys(situations)))

@@ -41,8 +41,8 @@ KEY_FIGURES = (
     ),
     (
         "06_operative",
-        "Attacks refused by the share of the defense's operative words kept, pooled (right); fair eviction keeps more "
-        "of the defense, not always those words (below the diagonal).",
+        "Per cell, the defense kept against its operative words kept (below the diagonal: the words kept less); "
+        "right, attacks refused by those words kept, pooled.",
     ),
 )
 GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
@@ -100,18 +100,20 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
 
 
 BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
+STATISTICAL = {f"uncertain: {p}" for k, p in claims.UNDECIDED.items() if k != "gate"}  # what inconclusive means
 
 
 def reasons(why: str, more: bool = True) -> list[str]:
-    """A claim's ``why`` in a phrase or two: its reason's kind with its conclusion (the last clause without a number,
-    else the first clause without its brackets: 'model: most answers that neither refuse nor recite echo the attack')
-    and what moved a mitigation's number ('mechanism: refusal lowered', and, with ``more``, how many other reasons a
-    reading over several settings gives: the results page has them all); none for an empty why."""
+    """A claim's ``why`` in a phrase per reason: its kind (``claims.WHY_KINDS``) with its conclusion (the last clause
+    without a number, else the first without its brackets: 'model: most answers that neither refuse nor recite echo
+    the attack'), and what moved a mitigation's number ('mechanism: refusal lowered', with ``more`` how many other
+    reasons a reading over several settings gives: the results page has them all); none for an empty why."""
     reason, _, moved = why.partition("mechanism: ")
     said = []
-    reason = reason.rstrip("; ")
-    if reason:
-        kind, _, body = reason.partition(": ")
+    for one in re.split(rf"; (?=(?:{'|'.join(claims.WHY_KINDS)}): )", reason.rstrip("; ")):
+        if not one:
+            continue
+        kind, _, body = one.partition(": ")
         while re.search(BRACKETS, body):  # innermost brackets first
             body = re.sub(BRACKETS, "", body)
         clauses = body.split("; ")
@@ -124,13 +126,12 @@ def reasons(why: str, more: bool = True) -> list[str]:
 
 
 def commonest(claims: pd.DataFrame, k: int = 3) -> str:
-    """The ``k`` reasons (``reasons``, each mechanism's first) the most claims give for what does not reproduce as the
-    paper says, with how many give each: the one reason count every page prints. A claim's why is given where it
-    fails, is untestable or inconclusive, or its magnitude differs (``claims.line``); a mechanism's reason counts only
-    where it is not the paper's (the paper's way is no reason for a difference)."""
+    """The ``k`` reasons (``reasons``, a mechanism's first) the most claims give for what does not reproduce, with how
+    many give each (every page prints this count): a mechanism's only where it is not the paper's, and none that only
+    restates what inconclusive means (``STATISTICAL``, counted apart)."""
     phrases = Counter()
     for row in claims.itertuples():
-        said = reasons(row.why, more=False)
+        said = [phrase for phrase in reasons(row.why, more=False) if phrase not in STATISTICAL]
         if row.mechanism == verdicts.PAPERS:
             said = [phrase for phrase in said if not phrase.startswith("mechanism: ")]
         phrases.update(list(dict.fromkeys(said)))
@@ -254,7 +255,7 @@ def confounds(folder: Path, profile: str) -> list[str]:
         f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "
         f"{analysis.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
         "- **ROUGE-L counts obeying a short directive as leakage.** An answer carrying the directive's phrase, as "
-        "asked, recalls part of it; the paper's metric shares this limit.",
+        "asked, recalls part of it (the paper's metric too).",
     ]
 
 

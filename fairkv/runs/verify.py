@@ -250,6 +250,8 @@ def verify(
     does not (``reading``: what a decoded answer says, ``fairkv.report.outcomes.reading``, needed there). The rows must
     carry this checkout's stamp for their kind, or ``stamped`` (``restamp``'s check)."""
     store = ResultsStore(path)
+    if Path(path).is_dir():
+        raise VerifyError(f"{path} is a folder: name a store in it (its <model>.jsonl)")
     if not store.path.exists() and not store.segments():
         raise VerifyError(f"{path}: no such store (no file, nor sealed segments of it beside it)")
     rows = list(store.rows().values())

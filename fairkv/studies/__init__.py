@@ -98,27 +98,39 @@ def unscaled(profile: str, notebooks: list[str]) -> dict[str, list[str]]:
     return found
 
 
+def paper_grids(profile: str) -> list[tuple]:
+    """Each study of the paper's sweep that notebooks 01-07 run as declared, with each grid it computes at
+    ``profile`` (``Study.parts``; notebook 08 reads LongBench's TREC where its data is there, else synthetic data)."""
+    return [
+        (chosen, part)
+        for chosen in sweeps()
+        if profile in chosen.scale and chosen.notebook <= "07"
+        for part in chosen.parts(profile)
+    ]
+
+
 def settings(profile: str) -> tuple[dict, ...]:
-    """What each grid study computes at ``profile``, one row per part (the benign side apart where the profile gives
-    it one), read from the studies' declarations: the results page's settings, never typed by hand."""
+    """What each study of the paper's sweep computes at ``profile`` (notebooks 01-07, which run their studies' grids
+    as declared; 08, 11 and 12 print their own), one row per part (the benign side apart where the profile gives it one),
+    read from the declarations: the results page's settings, never typed by hand."""
     rows = []
-    for chosen in every().values():
-        if chosen.axes is None or profile not in chosen.scale:
-            continue
-        for part in chosen.parts(profile):
-            decoded = [query for query in part.queries if query != "keep"]
-            rows.append(
-                {
-                    "notebook": chosen.notebook,
-                    "study": chosen.name,
-                    "model": f"{part.model} ({part.dtype})",
-                    "prompts": part.n_prompts or "all",
-                    "orders": ", ".join(part.orders),
-                    "ratios": ", ".join(f"{ratio:g}" for ratio in part.ratios),
-                    "variants": ", ".join(part.variants),
-                    "queries (new tokens)": ", ".join(f"{q} ({part.tokens_for(q)})" for q in decoded) or "keep rates",
-                }
-            )
+    for chosen, part in paper_grids(profile):
+        decoded = [query for query in part.queries if query != "keep"]
+        fair = f" (lambda {', '.join(f'{lam:g}' for lam in part.lams)})" if part.lams != (1.0,) else ""
+        rows.append(
+            {
+                "notebook": chosen.notebook,
+                "study": chosen.name,
+                "model": f"{part.model} ({part.dtype})",
+                "data": part.dataset,
+                "prompts": part.n_prompts or "all",
+                "orders": ", ".join(part.orders),
+                "ratios": ", ".join(f"{ratio:g}" for ratio in part.ratios),
+                "policies": ", ".join(part.policies),
+                "variants": ", ".join(part.variants) + fair,
+                "queries (new tokens)": ", ".join(f"{q} ({part.tokens_for(q)})" for q in decoded) or "keep rates",
+            }
+        )
     return tuple(rows)
 
 

@@ -89,9 +89,9 @@ def benign_refusal_why(rows: pd.DataFrame, ratios, **matched) -> str:
         return "model: a smaller model than Llama-3.1-8B, which follows fewer IFEval instructions"
     shares = {r: verdicts.rate(values(rows, "benign_refused", r, **matched)).value for r in ratios}
     return (
-        "model and budget: this model follows fewer IFEval instructions and refuses benign queries ("
+        "model and budget: fewer IFEval instructions followed, benign queries refused ("
         + ", ".join(f"r = {r:g}: {share:.2f}" for r, share in shares.items())
-        + f"), at fewer new tokens than the paper's {studies.PROFILES['paper'].benign_tokens}"
+        + f"), fewer new tokens than the paper's {studies.PROFILES['paper'].benign_tokens}"
     )
 
 

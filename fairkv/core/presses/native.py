@@ -117,7 +117,7 @@ class _TextPress(BasePress):
         if self._context is None:
             raise NativePressError("no context compressed yet: run the press first (e.g. through kvpress's pipeline)")
         fair = [w.spans for w in self._chain()[1] if isinstance(w, FairPress)]
-        texts = tuple(spans) if spans is not None else (fair[0] if fair else ())
+        texts = _texts(spans, "spans") if spans is not None else (fair[0] if fair else ())
         if not texts or not all(texts):
             raise NativePressError("keep rates need span texts: pass spans, or wrap the press in a FairPress")
         text, offsets = self._context
@@ -168,6 +168,13 @@ def _partition(text: str, offsets, spans: Sequence[str]) -> tuple[tuple[int, int
     return tuple(ranges)
 
 
+def _texts(value, what: str) -> tuple[str, ...]:
+    """``value`` (phrases or span texts) as a tuple; one string is an error, not its characters taken one by one."""
+    if isinstance(value, str):
+        raise NativePressError(f"{what} is one string, {value!r}: give a list of texts, [{value!r}]")
+    return tuple(value)
+
+
 @dataclass
 class WhitelistPress(_TextPress):
     """Section 5.1: every token of every occurrence of ``phrases`` is kept; the wrapped press ranks the rest of the
@@ -178,11 +185,7 @@ class WhitelistPress(_TextPress):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.phrases, str):
-            raise NativePressError(
-                f"phrases is one string, {self.phrases!r}: give a list of phrases, [{self.phrases!r}]"
-            )
-        self.phrases = tuple(self.phrases)
+        self.phrases = _texts(self.phrases, "phrases")
         if not self.phrases or not all(self.phrases):
             raise NativePressError("a WhitelistPress needs at least one non-empty phrase")
 
@@ -198,9 +201,7 @@ class FairPress(_TextPress):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.spans, str):
-            raise NativePressError(f"spans is one string, {self.spans!r}: give the spans' texts as a list, in order")
-        self.spans = tuple(self.spans)
+        self.spans = _texts(self.spans, "spans")
         check_lam(self.lam)
         if not self.spans or not all(self.spans):
             raise NativePressError("a FairPress needs at least one non-empty span text")
