@@ -107,6 +107,7 @@ def test_a_parameter_at_the_committed_profile_writes_beside_the_committed_figure
     under reports/cpu/, and the committed notebook, figures, tables, SUMMARY.md and README are left as they were
     (broken on purpose: without the redirection, it rewrote figures/cpu/ and the README's results from 10 prompts)."""
     monkeypatch.setenv("FAIRKV_REPORTS_DIR", str(tmp_path / "reports"))
+    monkeypatch.setenv("FAIRKV_RESULTS_DIR", str(REPO_ROOT / "results"))  # the committed rows (make test sets another)
     committed = [
         notebooks.numbered(["04"])[0],
         REPO_ROOT / "README.md",
