@@ -38,8 +38,9 @@ from fairkv.core.paths import (
 )
 from fairkv.report import figures, notebooks, outcomes, readme
 from fairkv.runs import fingerprint, redecode, verify
+from fairkv.runs import studies as profiles
+from fairkv.runs.experiment import GridError
 from fairkv.runs.store import ResultsStore, StoreError
-from fairkv.runs.studies import PROFILES
 
 
 def expected_time(profile: str, notebooks: list[Path]) -> str:
@@ -77,8 +78,10 @@ def reproduce(
     chosen = notebooks.numbered(names)
     parameters = parameters or {}
     profile = str(parameters.get("profile", readme.PROFILE))
-    if profile not in PROFILES:
-        raise SystemExit(f"fairkv reproduce: unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
+    try:
+        profiles.profile(profile)  # an unknown one named with those there are
+    except GridError as error:
+        raise SystemExit(f"fairkv reproduce: {error}") from error
     lacking = claimed.unscaled(profile, [notebook.name[:2] for notebook in chosen])
     said = "; ".join(f"notebook {n} runs at {', '.join(at)} only" for n, at in lacking.items())
     if lacking and names:

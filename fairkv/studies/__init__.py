@@ -110,9 +110,8 @@ def paper_grids(profile: str) -> list[tuple]:
 
 
 def settings(profile: str) -> tuple[dict, ...]:
-    """What each study of the paper's sweep computes at ``profile`` (notebooks 01-07, which run their studies' grids
-    as declared; 08, 11 and 12 print their own), one row per part (the benign side apart where the profile gives it one),
-    read from the declarations: the results page's settings, never typed by hand."""
+    """What each study of the paper's sweep computes at ``profile`` (``paper_grids``: notebooks 01-07; 08, 11 and 12
+    print their own), one row per part, read from the declarations: the results page's settings, never typed by hand."""
     rows = []
     for chosen, part in paper_grids(profile):
         decoded = [query for query in part.queries if query != "keep"]
