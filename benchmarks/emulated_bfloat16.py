@@ -1,16 +1,18 @@
 """Emulated bfloat16 (``fairkv.core.arithmetic``): how fast it is and how close to the native kernels' rows.
 
-    .venv/bin/python benchmarks/emulated_bfloat16.py [--rows 40]
+    .venv/bin/python benchmarks/emulated_bfloat16.py [--rows 40] [--batch 16 --batch-steps 8]
 
 Prints the CPU's bfloat16 kernel family; a decoding step's MLP matmul (a running batch of 128 rows, Qwen2.5-Coder-1.5B's
-1536 x 8960) in GFLOP/s for float32, native bfloat16 and emulated bfloat16; one 100-token prefill and 32 greedy decoding
-steps of Qwen2.5-Coder-1.5B in each; then ``--rows`` keep-rate rows of the committed press atlas
+1536 x 8960) in GFLOP/s for float32, native bfloat16 and emulated bfloat16; one 100-token prefill of Qwen2.5-Coder-1.5B
+in each, 32 greedy decoding steps of one answer and ``--batch-steps`` of a running batch of ``--batch`` answers (a
+sweep's decode: bound by memory at one answer, by arithmetic in a batch); then ``--rows`` keep-rate rows of the committed press atlas
 (``results/cpu/atlas/``, computed natively with AVX512-BF16 kernels), drawn at random (seeded), recomputed with emulated
 bfloat16 (and natively, where this CPU has bfloat16 arithmetic): how many come out identical, and the largest and 90th
 percentile difference of a span's keep rate: what ``fairkv.runs.tolerance.KEEP_BOUND`` is derived from. On an
 AVX2-only CPU leave the native path out (``--paths emulated``: it runs at 0.3 GFLOP/s there); run under
 ``ONEDNN_MAX_CPU_ISA`` (``AVX512_CORE``: bfloat16 converted, without its instructions) to measure another native
-kernel family against the committed rows, with ``--no-speed`` to skip the timings.
+kernel family against the committed rows, with ``--no-speed`` to skip the timings; under ``ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2`` this CPU takes an AVX2-only CPU's kernels (at its own speed), ``--rows 0`` for the timings only.
 """
 
 from __future__ import annotations
@@ -44,15 +46,17 @@ def matmul_gflops(dtype: torch.dtype, emulated: bool, repeats: int = 3) -> float
 
 
 @torch.inference_mode()
-def prefill_and_decode(lm: models.LoadedModel, steps: int = 32) -> tuple[float, float]:
-    """Seconds of one 100-token prefill and of ``steps`` greedy decoding steps after it."""
+def prefill_and_decode(lm: models.LoadedModel, steps: int = 32, batch: int = 1) -> tuple[float, float]:
+    """Seconds of one 100-token prefill and of ``steps`` greedy decoding steps after it, the prefilled cache repeated
+    ``batch`` times (a running batch of ``batch`` answers, as a sweep decodes them)."""
     ids = torch.randint(0, 1000, (1, 100), generator=torch.Generator().manual_seed(0))
     with arithmetic.emulation(lm):
         lm.model(ids[:, :10])
         began = time.perf_counter()
         out = lm.model(ids, use_cache=True)
         prefill = time.perf_counter() - began
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1).repeat(batch, 1)
+        cache.batch_repeat_interleave(batch)
         began = time.perf_counter()
         for _ in range(steps):
             out = lm.model(token, past_key_values=cache, use_cache=True)
@@ -71,8 +75,9 @@ def keep_rate_differences(lm: models.LoadedModel, rows: list[dict]) -> list[floa
     return moved
 
 
-def speed(paths: list[str]) -> None:
-    """The matmul's GFLOP/s, then Qwen's prefill and decoding steps, in float32 and on each of ``paths``."""
+def speed(paths: list[str], batch: int, batch_steps: int) -> None:
+    """The matmul's GFLOP/s, then Qwen's prefill and decoding steps (one answer, then a running batch), in float32 and
+    on each of ``paths``."""
     for label, dtype, emulated in (
         ("float32", torch.float32, False),
         ("bfloat16 native", torch.bfloat16, False),
@@ -84,25 +89,32 @@ def speed(paths: list[str]) -> None:
         with arithmetic.forced("native" if name == "native" else "emulated"):
             lm = models.load_model(MODEL, dtype=torch.float32 if name == "float32" else torch.bfloat16)
             prefill, decode = prefill_and_decode(lm)
+            _, batched = prefill_and_decode(lm, batch_steps, batch)
             print(
-                f"{MODEL}, {arithmetic.path(lm)}: 100-token prefill {prefill:.2f} s, 32 decoding steps {decode:.2f} s"
+                f"{MODEL}, {arithmetic.path(lm)}: 100-token prefill {prefill:.2f} s, 32 decoding steps {decode:.2f} s, "
+                f"{batch_steps} decoding steps of {batch} answers {batched:.2f} s ({batch * batch_steps / batched:.1f} "
+                "tokens/s)"
             )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--rows", type=int, default=40, help="committed keep-rate rows to recompute (0: none)")
     parser.add_argument("--paths", nargs="+", default=["emulated", "native"], choices=["emulated", "native"])
     parser.add_argument("--no-speed", action="store_true", help="skip the matmuls, prefills and decodes")
+    parser.add_argument("--batch", type=int, default=16, help="answers in the running batch of the batched decode")
+    parser.add_argument("--batch-steps", type=int, default=8, help="decoding steps of the running batch")
     args = parser.parse_args()
     print(
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, bfloat16 kernels: {arithmetic.cpu_family()}, "
         f"bfloat16 arithmetic: {models.bfloat16_arithmetic()}, {arithmetic.SETTING}=auto chooses {arithmetic.mode()}"
     )
     if not args.no_speed:
-        speed(args.paths)
+        speed(args.paths, args.batch, args.batch_steps)
     rows = [row for row in ResultsStore(ATLAS).rows().values() if row.get("keep")]
     chosen = random.Random(0).sample(rows, args.rows)
+    if not chosen:
+        return
     for name in args.paths:
         lm = None  # the previous path's model (and its float32 copies) freed before the next loads
         with arithmetic.forced(name):

@@ -57,6 +57,12 @@ def _estimate_from_empty_store() -> str:
     return progress.duration(60 * round(sum(minutes.values())))
 
 
+def _ratio(source: Path, numerator: str, denominator: str) -> str:
+    """Two cells of ``source`` (each a regex's group, the first match) divided, as a whole number."""
+    text = _flat(source.read_text())
+    return f"{float(re.search(numerator, text).group(1)) / float(re.search(denominator, text).group(1)):.0f}"
+
+
 def _refusal_against_the_template() -> str:
     templates = data.load_defense_templates()
     return f"{metrics.leakage(templates['standard_defense'], prompts.SCRIPTED_REPLY):.2f}"
@@ -141,17 +147,27 @@ QUOTES = (
             (r"[\d.]+ and ([\d.]+) read alike", r"benign: .*?identical readings \d+ \(([\d.]+)\)"),
         )
     ),
-    Quote(
-        "docs/benchmarks.md",
-        r"the emulated matmul ran at ([\d.]+) GFLOP/s",
-        RESULTS / "emulated_bfloat16.txt",
-        r"bfloat16 emulated: ([\d.]+) GFLOP/s",
+    *(
+        Quote(
+            "docs/benchmarks.md",
+            said,
+            RESULTS / "emulated_bfloat16.txt",
+            rf"cpu {path}: .*?of 16 answers [\d.]+ s \(([\d.]+) tokens/s\)",
+        )
+        for said, path in (
+            (r"16 answers at ([\d.]+) tokens/s emulated", "bfloat16 emulated"),
+            (r"([\d.]+) in float32 and", "float32 avx2"),
+            (r"([\d.]+) with the bfloat16 fallback", "bfloat16 avx2"),
+        )
     ),
     Quote(
         "docs/benchmarks.md",
-        r"float32 at ([\d.]+) GFLOP/s",
-        RESULTS / "emulated_bfloat16.txt",
-        r"\), float32: ([\d.]+) GFLOP/s",
+        r"prefilled (\d+) times faster emulated",
+        value=lambda: _ratio(
+            RESULTS / "emulated_bfloat16.txt",
+            r"cpu bfloat16 avx2: 100-token prefill ([\d.]+) s",
+            r"cpu bfloat16 emulated: 100-token prefill ([\d.]+) s",
+        ),
     ),
     Quote(
         "notebooks/03_pitfalls3_4_leakage.ipynb",
