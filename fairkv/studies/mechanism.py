@@ -182,6 +182,7 @@ def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "norma
     applied that hold the uncompressed cells (r = 0): at one ratio and policy, read there; over several, the
     combination of the reading at each (``combined``), never a reading of their pooled rates."""
     ratios, policies = _tuple(ratios), _tuple(policies)
+    rows = rows[(rows["order"] == order) & rows["policy"].isin(policies)]  # all a reading below looks at, cut once
     for ratio in ratios:
         if not _ran(rows, "attack", (ratio,), variant, order, policies):
             raise MechanismError(
@@ -193,8 +194,9 @@ def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "norma
             f"no attack rows at r = 0 ({order} order, {', '.join(policies)}): the mechanism reads the attack's refusal "
             "against the uncompressed model's"
         )
+    of = {policy: rows[rows["policy"] == policy] for policy in policies}
     each = {
-        (f"{reading.label(p)} " if len(policies) > 1 else "") + f"r = {r:g}": _one(rows, variant, r, p, order)
+        (f"{reading.label(p)} " if len(policies) > 1 else "") + f"r = {r:g}": _one(of[p], variant, r, p, order)
         for p in policies
         for r in ratios
     }
