@@ -27,6 +27,7 @@ CORE = (
     "FairPress",
     "NativePressError",
     "keep_rates",
+    "Span",
     "RecordingPress",
     "build_press",
     "Setting",

@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -19,6 +20,7 @@ from fairkv import audit, cli
 from fairkv.audit import AuditError
 from fairkv.core import arithmetic, metrics, models
 from fairkv.core.paths import RESOURCES
+from fairkv.core.presses import registry
 
 EXAMPLE = RESOURCES / "audit_example.txt"
 QUERY = "My bike arrived with a flat tyre, what should I do?"
@@ -664,6 +666,53 @@ def test_bad_input_stops_the_command_with_one_line_before_anything_is_asked_or_l
     monkeypatch.setattr(models, "load_model", missing)
     with pytest.raises(SystemExit, match="fairkv audit: no model named 'smol'"):
         audited(EXAMPLE, "--model", "smol", "--yes")
+
+
+OWN_PRESS = """
+from dataclasses import dataclass
+
+import torch
+from kvpress import ScorerPress
+
+from fairkv.core.presses.own import register
+
+
+@dataclass
+class EarliestPress(ScorerPress):
+    \"\"\"Keeps the earliest tokens, whatever the prompt says.\"\"\"
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return -torch.arange(keys.shape[2], dtype=keys.dtype).expand(*keys.shape[:3])
+
+
+register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=r), "independent")
+"""
+
+
+@pytest.mark.model
+def test_a_press_of_ones_own_is_audited_through_press(tmp_path, monkeypatch):
+    """``--press`` imports a file that registers a press of one's own, and ``--policies`` names it: the audit runs it
+    (a press keeping the earliest tokens keeps the first span whole and the last not at all at r = 0.5); without
+    ``--press`` the policy is unknown; a file or module not there is named in a line."""
+    module = tmp_path / "earliest_press.py"
+    module.write_text(OWN_PRESS)
+    saved = dict(registry.REGISTRY)
+    audited = lambda *extra: cli.main(["audit", str(EXAMPLE), "--query", QUERY, "--policies", "earliest", *extra])
+    try:
+        with pytest.raises(SystemExit, match="fairkv audit: .*earliest"):
+            audited("--yes")
+        for missing, said in ((tmp_path / "none.py", "none.py: no such file"), ("no_such_module", "no_such_module")):
+            with pytest.raises(SystemExit, match=f"fairkv audit: --press .*{said}"):
+                audited("--press", str(missing), "--yes")
+        extra = ["--model", "smollm2-135m", "--ratios", "0", "0.5", "--attacks", "1", "--max-new-tokens", "4"]
+        assert audited("--press", str(module), *extra, "--out", str(tmp_path), "--yes") == 0
+    finally:
+        registry.REGISTRY.clear()
+        registry.REGISTRY.update(saved)
+        sys.modules.pop(module.stem, None)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["policies"] == ["earliest"] and report["critical_ratio"] == {"earliest": 0.5}
+    assert report["spans_lost"]["earliest"] == {"policy": 0.5, "defense": 0.5}  # role and format, first, kept
 
 
 def test_attack_and_query_files_are_read_or_named(tmp_path):

@@ -7,6 +7,7 @@ import string
 import pytest
 import torch
 
+import fairkv
 from fairkv.core import data, metrics
 from fairkv.core.presses import rates
 from fairkv.core.prompts import Span
@@ -99,4 +100,9 @@ def test_keep_rates_hand_worked():
     kept = {0: torch.tensor([[[0, 2], [2, 3]]]), 1: torch.tensor([[[0, 1], [0, 1]]])}
     spans = [Span("A", 0, 2, ""), Span("B", 2, 4, "")]
     assert rates.keep_rates(kept, spans, 4) == {"A": 0.625, "B": 0.375}
+    # what docs/library.md names at fairkv's top: a core user's keep rates with no import from the artifact's modules
+    assert fairkv.keep_rates(kept, [fairkv.Span("A", 0, 2, ""), fairkv.Span("B", 2, 4, "")], 4) == {
+        "A": 0.625,
+        "B": 0.375,
+    }
     assert rates.keep_map(kept, 4).tolist() == [0.75, 0.5, 0.5, 0.25]

@@ -3,13 +3,18 @@ and the run (``fairkv.audit``): show the spans, ask for confirmation, audit, wri
 
 Bad input stops the command with one line naming it (``fairkv audit: ...``), before the spans are shown and the model is
 loaded where it can be told from the arguments (a ratio outside [0, 1) or given twice, a policy unknown, twice or built
-per setting, more attacks than RaccoonBench has, a prompt file unreadable or not UTF-8); where it shows only at the load
-(a model that cannot be found, a prompt too short for a policy) it stops the same way.
+per setting, more attacks than RaccoonBench has, a prompt file unreadable or not UTF-8, a ``--press`` module not
+found); where it shows only at the load (a model that cannot be found, a prompt too short for a policy) it stops the
+same way. ``--press`` imports a user's module that registers a press of their own (``fairkv.core.presses.own``), so
+``--policies`` can name it beside the paper's five.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,11 +33,13 @@ CONFIRM = "audit these spans? [y/N] "
 
 def arguments(commands) -> None:
     """The ``audit`` subcommand and its arguments, on ``commands`` (an argparse subparsers object)."""
-    _outputs(_inputs(commands))
+    check = _inputs(commands)
+    _policies(check)
+    _outputs(check)
 
 
 def _inputs(commands) -> argparse.ArgumentParser:
-    """``fairkv audit``: the prompt, the model, the policies and ratios, the queries, attacks and secrets."""
+    """``fairkv audit``: the prompt, the model, the queries, attacks and secrets."""
     check = commands.add_parser(
         "audit",
         help="audit your own system prompt: keep rates, leakage, compliance vs r",
@@ -50,14 +57,6 @@ def _inputs(commands) -> argparse.ArgumentParser:
         help="default: bfloat16, which gives Qwen's refusals as float32 does at a third of its time here "
         "(benchmarks/precision_gate.py), or float32 on a CPU without bfloat16 arithmetic, where bfloat16 crawls",
     )
-    check.add_argument(
-        "--policies",
-        nargs="+",
-        default=list(PAPER),
-        metavar="POLICY",
-        help=f"policies to compare (default: all five, {' '.join(PAPER)})",
-    )
-    check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
     check.add_argument("--defense", help="the defense span's name (default: 'defense', else detected)")
     check.add_argument(
         "--query",
@@ -89,6 +88,26 @@ def _inputs(commands) -> argparse.ArgumentParser:
     return check
 
 
+def _policies(check) -> None:
+    """``fairkv audit``: the policies (a press of one's own among them, through ``--press``) and the ratios."""
+    check.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(PAPER),
+        metavar="POLICY",
+        help=f"policies to compare (default: all five, {' '.join(PAPER)})",
+    )
+    check.add_argument(
+        "--press",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a Python file (.py) or module to import first, one that registers a press of your own "
+        "(fairkv.core.presses.own.register): --policies can then name it (repeatable)",
+    )
+    check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
+
+
 def _outputs(check) -> None:
     """``fairkv audit``: decoding, what fails a CI run, where the reports go."""
     check.add_argument("--show-secrets", action="store_true", help="write secrets into the reports (default: redacted)")
@@ -116,6 +135,8 @@ def _model(args) -> models.LoadedModel:
 def _read(args) -> tuple[audit.Spec, list[str]]:
     """The prompt's spans and the attacks, every argument checked before anything is asked or loaded."""
     try:
+        for module in args.press:
+            _import(module)
         for ratio in args.ratios:
             check_ratio(ratio)
         if args.max_ratio is not None:
@@ -144,6 +165,23 @@ def _read(args) -> tuple[audit.Spec, list[str]]:
     except (OSError, audit.AuditError, PolicyError) as error:
         raise SystemExit(f"fairkv audit: {error}") from error
     return spec, attacks
+
+
+def _import(module: str) -> None:
+    """Import ``module`` (a .py file, or a name on the import path): what it registers joins the policies. A file is
+    imported under its name, so a press defined in it has a source to hash (``own.source_hash``)."""
+    if not module.endswith(".py"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            raise audit.AuditError(f"--press {module}: {error} (give a .py file, or a module on the import path)")
+        return
+    path = Path(module).expanduser()
+    if not path.is_file():
+        raise audit.AuditError(f"--press {module}: no such file")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    sys.modules[path.stem] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[path.stem])
 
 
 def _prompt_text(path: Path) -> str:

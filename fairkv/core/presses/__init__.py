@@ -35,12 +35,14 @@ def build_press(setting: Setting, marks: Marks = Marks(), keep_only_whitelist: b
 
 from fairkv.core.presses.native import FairPress, NativePressError, WhitelistPress  # noqa: E402 (native needs the above)
 from fairkv.core.presses.rates import keep_rates  # noqa: E402
+from fairkv.core.prompts import Span  # noqa: E402 (what keep_rates reads)
 
 __all__ = [
     "FairPress",
     "NativePressError",
     "WhitelistPress",
     "keep_rates",
+    "Span",
     "PAPER",
     "REGISTRY",
     "MITIGATIONS",
