@@ -163,6 +163,27 @@ def test_a_pooled_reading_never_contradicts_its_parts():
     }
 
 
+def test_a_reading_carries_the_comparisons_its_verdict_turned_on():
+    """Each reading keeps the comparisons with the uncompressed model that decide it, each against its threshold
+    (what the noise column holds to decoding noise: ``claims.near_noise``); a pooled reading each ratio's, named by
+    it; an n.a. reading none (broken on purpose: combined dropping its parts' -> none)."""
+    at_five = rows({UNCOMPRESSED: 97, "base": 0, "fair": 90}, {UNCOMPRESSED: 38, "base": 1, "fair": 40})
+    both = pd.concat([at_five, at_five[at_five["ratio"] == 0.5].assign(ratio=0.6)], ignore_index=True)
+    pooled = mechanism.read(both, "fair", (0.5, 0.6), "streamingllm")
+    said = {what: (score, round(estimate.value, 2), threshold) for what, score, estimate, threshold in pooled.deciding}
+    margin = mechanism.CLOSE_MARGIN
+    assert said == {
+        f"r = {r}: {kind} refused, fair - uncompressed": (score, value, bound)
+        for r in (0.5, 0.6)
+        for kind, score, value, bound in (
+            ("attack", "refused", -0.07, -margin),
+            ("benign", "benign_refused", 0.02, margin),
+        )
+    }
+    none = mechanism.read(rows({UNCOMPRESSED: 20, "base": 0, "fair": 20}), "fair", 0.5, "streamingllm")
+    assert none.verdict == NOT_APPLICABLE and none.deciding == ()
+
+
 CLAIM = Claim("x.lowers", "Fig 9", "lowers leakage", "lower", below=0.0, region="a drop", margin=0.02, null="small")
 
 

@@ -34,7 +34,8 @@ def test_every_claim_within_decoding_noise_declares_its_cells():
     """The committed cpu tables: a claim the noise column marks can be decoded again (``fairkv redecode``)."""
     marked = set()
     for frame in summary.read_tables(studies.figures_dir() / "cpu").values():
-        marked |= set(claims.heads(frame).query("noise != ''")["id"])
+        heads = claims.heads(frame)  # a mechanism's comparisons within noise alone are said, not decoded again
+        marked |= set(heads[(heads["noise"] != "") & ~heads["noise"].str.startswith(claims.MECHANISM_NOISE)]["id"])
     with_cells = {claim.id for claim in studies.declared() if claim.cells}
     assert marked and marked <= with_cells, sorted(marked - with_cells)
 
@@ -85,6 +86,34 @@ def test_the_noise_column_says_what_decoding_again_did(monkeypatch):
     assert flipped == f"{studies.SENSITIVE}: decoded again (200 cells, batch 64), verdict inconclusive -> fails"
     partial = again.assign(**{studies.AGAIN: "150 of 200"})  # rendered before its cells were all there
     assert "not yet read" in studies._said_again(claim, line("fails", "differs"), partial, "03", "cpu")
+
+
+def test_a_mechanism_within_decoding_noise_is_said_after_the_claims_own_and_not_decoded_again(monkeypatch):
+    """The noise column of a claim whose parts and mechanism are both within decoding noise: its parts', what decoding
+    its cells again did, then its mechanism's; a claim whose mechanism alone is within noise needs no cells; one whose
+    parts are and that declares none is an error (broken on purpose: the mechanism's text counted as the claim's ->
+    fair.order_gap asked for cells)."""
+    monkeypatch.setattr(redecode, "coverage", lambda cells, profile: (10, 3200))
+    mechanism = claims.MECHANISM_NOISE + "r = 0.6: attack refused, fair - uncompressed 0.002 from -0.1 (reach 0.022)"
+    table = pd.DataFrame(
+        [
+            {
+                "id": fair.TABLE1_POSITIVE.id,
+                "part": "",
+                "noise": "within decoding noise (prompt_strict): x; " + mechanism,
+            },
+            {"id": fair.ORDER_GAP.id, "part": "", "noise": mechanism},
+        ]
+    )
+    noted = studies._decoded_again(fair, table.copy(), "cpu")["noise"].tolist()
+    assert noted == [
+        "within decoding noise (prompt_strict): x; decoded again so far: 10 of its 3200 cells (`fairkv redecode "
+        f"{fair.TABLE1_POSITIVE.id}`); {mechanism}",
+        mechanism,
+    ]
+    table.at[1, "noise"] = "within decoding noise (prompt_strict): y"
+    with pytest.raises(claims.ClaimError, match=f"{fair.ORDER_GAP.id} is within decoding noise at cpu but declares"):
+        studies._decoded_again(fair, table, "cpu")
 
 
 def test_a_redecoded_render_takes_no_parameter_but_the_profile():

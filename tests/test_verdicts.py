@@ -314,6 +314,31 @@ def test_a_verdict_within_decoding_noise_is_marked():
     assert "leak_directive 100.0% (sd 0.141)" in noise.said()
 
 
+def test_a_mechanism_within_decoding_noise_is_marked_after_the_claims_parts():
+    """A claim on a mitigation whose mechanism turned on a comparison with the uncompressed model that ends 0.003 from
+    its threshold (reach 0.04): said after the claim's own parts; one 0.06 away is not; a NaN end never (broken on
+    purpose: the mechanism's comparisons not read -> unmarked)."""
+    noise = Noise(
+        pd.DataFrame(
+            {"query": ["attack"] * 2, "same_response": [False] * 2, "parted_at": [3, 5], "refused_delta": [0.1, -0.1]}
+        )
+    )
+    kept = lambda low: (
+        ("r = 0.6: attack refused, fair - uncompressed", "refused", Estimate(-0.05, low, 0.0, 100), -0.1),
+    )
+    reading = claim(score="refused", mitigation="fair")
+    measured = lambda *deciding: Measured(
+        [Part("change", Estimate(-0.1, -0.14, -0.06, 100))],
+        "x",
+        100,
+        mechanism=claims.Mechanism(verdicts.PAPERS, "refusal restored", (), sum(deciding, ())),
+    )
+    assert claims.near_noise(reading, measured(kept(-0.097), kept(-0.04)), noise) == (
+        f"{claims.MECHANISM_NOISE}r = 0.6: attack refused, fair - uncompressed 0.003 from -0.1 (reach 0.040)"
+    )
+    assert claims.near_noise(reading, measured(kept(-0.04), kept(float("nan"))), noise) == ""
+
+
 def test_numbers_print_small_values_visibly_and_rounding_noise_as_zero():
     """A bound near zero keeps a digit (+0.003, not +0.00); a mean of paired differences that cancel exactly, which a
     float sum leaves at about 1e-18, prints as 0 (a table once read "change -2e-18")."""

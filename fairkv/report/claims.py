@@ -28,8 +28,9 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
 - **Multiplicity.** Every direction is decided again at the Bonferroni level 1 - 5% / k, k the findings declared
   across the studies (``fairkv.studies.family``); the column ``bonferroni`` shows the verdict there when it differs.
 - **Decoding noise.** Where the profile's decoding noise was measured (``fairkv.report.noise``), a claim whose
-  deciding part has an interval end within the noise's reach of a threshold (its bound, or the bound +- its margin)
-  says so in the column ``noise``: re-decoding its cells under another batch plan could move its verdict.
+  deciding part has an interval end within the noise's reach of a threshold (its bound, or the bound +- its margin),
+  or whose mechanism turned on such a comparison with the uncompressed model (``Mechanism.deciding``), says so in the
+  column ``noise``: re-decoding its cells under another batch plan could move its verdict, or its mechanism's.
 """
 
 from __future__ import annotations
@@ -46,22 +47,8 @@ FINDING, OURS, SANITY = "finding", "ours", "sanity check"
 # a finding of the paper read again on the second model (Fig 10's): a line of its own, apart from the reproduction's
 SECOND_MODEL = "finding, second model"
 STATUSES = (FINDING, SECOND_MODEL, OURS, SANITY)
-COLUMNS = (
-    "id",
-    "figure",
-    "claim",
-    "paper",
-    "ours",
-    "n",
-    "verdict",
-    "magnitude",
-    "mechanism",
-    "why",
-    "bonferroni",
-    "noise",
-    "status",
-    "part",
-)
+COLUMNS = ("id", "figure", "claim", "paper", "ours", "n", "verdict", "magnitude", "mechanism", "why", "bonferroni",
+           "noise", "status", "part")  # fmt: skip
 NO_NUMBER = "no number"  # the paper column of a claim the paper states in words only
 
 
@@ -203,12 +190,14 @@ class Claim:
 @dataclass(frozen=True)
 class Mechanism:
     """What moved a mitigation's number, read from rows (``fairkv.studies.mechanism``): the verdict (one of
-    ``verdicts.MECHANISMS``), why in a phrase (``because``) and the numbers it rests on (``sides``: what -> "base ->
-    mitigation (change)")."""
+    ``verdicts.MECHANISMS``), why in a phrase (``because``), the numbers it rests on (``sides``: what -> "base ->
+    mitigation (change)") and the comparisons its verdict turned on (``deciding``: what, the score compared, its
+    estimate and the threshold it was decided against), which ``near_noise`` holds to the decoding noise."""
 
     verdict: str
     because: str
     sides: tuple[tuple[str, str], ...] = ()
+    deciding: tuple[tuple[str, str, verdicts.Estimate, float], ...] = field(default=(), compare=False)
 
     def __post_init__(self):
         if self.verdict not in verdicts.MECHANISMS:
@@ -317,13 +306,23 @@ def bonferroni_level(family: int) -> float:
     return 1 - (1 - verdicts.LEVEL) / max(family, 1)
 
 
+MECHANISM_NOISE = "the mechanism within decoding noise: "  # what ``near_noise`` says of the mechanism's comparisons
+
+
 def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
     """The deciding parts whose verdict hangs on an interval end nearer its threshold than decoding the part's cells
     again may move it (``Noise.reach``): the bound for any verdict, and the bound +- the margin where the part is a
-    null or undecided ("" when none, or when the claim reads no decoded score or no noise was measured)."""
+    null or undecided; then the comparisons the mechanism's verdict turned on, each against its threshold ("" when
+    none, or when the claim reads no decoded score or no noise was measured)."""
     if noise is None or not claim.score or measured.untestable:
         return ""
-    said = []
+    said, moved = [], []
+    for what, score, estimate, threshold in mechanism(claim, measured).deciding:
+        if estimate.too_few or math.isnan(estimate.low) or math.isnan(estimate.high):
+            continue
+        close = min(abs(threshold - estimate.low), abs(threshold - estimate.high))
+        if close < (reach := noise.reach(score, estimate.n)):
+            moved.append(f"{what} {close:.3f} from {threshold:g} (reach {reach:.3f})")
     for part in measured.parts:
         if not part.decides or part.estimate.too_few or math.isnan(part.estimate.low):
             continue
@@ -336,7 +335,8 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
         close = min(abs(end - t) for end in (part.estimate.low, part.estimate.high) for t in thresholds)
         if close < reach:
             said.append(f"{part.label} {verdicts.number(close)} from its threshold (reach {verdicts.number(reach)})")
-    return f"within decoding noise ({claim.score}): " + "; ".join(said) if said else ""
+    said = [f"within decoding noise ({claim.score}): " + "; ".join(said)] if said else []
+    return "; ".join(said + ([MECHANISM_NOISE + "; ".join(moved)] if moved else []))
 
 
 # the kinds a why's reasons open with ('model: ...; mechanism: ...'), each study's, and ``undecided``'s

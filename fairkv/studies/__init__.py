@@ -240,7 +240,8 @@ def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
     """Under ``FAIRKV_REDECODED=1`` (its cells decoded again read in place of the store's): the table with, per claim
     that declares cells, how many of them were there (column ``AGAIN``). Otherwise the column ``noise`` of each claim
     within decoding noise says what decoding its cells again did to its verdicts (the redecoded table), or how many
-    are decoded again so far; a claim within decoding noise that declares no cells is an error."""
+    are decoded again so far; a claim within decoding noise that declares no cells is an error. A mechanism's
+    comparison within decoding noise (``claims.MECHANISM_NOISE``) is said after it, not decoded again."""
     declared = {claim.id: claim for claim in study.CLAIMS}
     heads = table.index[table["part"] == ""]
     if redecoded():
@@ -255,13 +256,15 @@ def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
     again = claims.heads(pd.read_csv(path, keep_default_na=False)).set_index("id") if path.exists() else None
     for index in heads:
         claim = declared[table.at[index, "id"]]
-        if not table.at[index, "noise"]:
+        mine, _, mechanism = table.at[index, "noise"].partition(claims.MECHANISM_NOISE)  # its parts', its mechanism's
+        if not mine:
             continue
         if not claim.cells:
             raise claims.ClaimError(
                 f"{claim.id} is within decoding noise at {profile} but declares no cells to decode again (Claim.cells)"
             )
-        table.at[index, "noise"] += "; " + _said_again(claim, table.loc[index], again, notebook, profile)
+        said = mine.removesuffix("; ") + "; " + _said_again(claim, table.loc[index], again, notebook, profile)
+        table.at[index, "noise"] = said + (f"; {claims.MECHANISM_NOISE}{mechanism}" if mechanism else "")
     return table
 
 

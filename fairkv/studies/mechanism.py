@@ -137,11 +137,14 @@ def _attack(levels: dict[str, pd.Series], variant: str) -> tuple[str, str]:
 
 
 def _one(rows: pd.DataFrame, variant: str, ratio: float, policy: str, order: str) -> Mechanism:
-    """The mechanism at one setting (``read``'s rules)."""
+    """The mechanism at one setting (``read``'s rules), with the comparisons against the uncompressed model its verdict
+    turns on (``Mechanism.deciding``: the attack's refusal against -``CLOSE_MARGIN``, the benign queries' against
+    ``CLOSE_MARGIN``)."""
     setting = (order, policy)
     attack = _three(rows, "refused", "attack", ratio, variant, setting)
     from_uncompressed = verdicts.difference(attack[variant], attack["uncompressed"])
     sides = {"attack refused": _said(attack, variant, from_uncompressed)}
+    deciding = [(f"attack refused, {variant} - uncompressed", "refused", from_uncompressed, -CLOSE_MARGIN)]
     price = None
     if _ran(rows, "benign", (ratio,), variant, order, (policy,)) and _uncompressed(rows, "benign", order, (policy,)):
         if "benign_refused" not in rows:
@@ -150,14 +153,15 @@ def _one(rows: pd.DataFrame, variant: str, ratio: float, policy: str, order: str
         beyond = verdicts.difference(benign[variant], benign["uncompressed"])
         price = verdicts.decide(beyond, below=CLOSE_MARGIN)
         sides["benign refused"] = _said(benign, variant, beyond)
+        deciding.append((f"benign refused, {variant} - uncompressed", "benign_refused", beyond, CLOSE_MARGIN))
     else:
         sides["benign refused"] = NOT_RUN_HERE
     spans = ("directive", "defense", "operative") if "keep_operative" in rows else ("directive", "defense")
     kept = {name: _kept(rows, name, ratio, variant, setting) for name in spans}
     sides.update({f"{name} kept": words for name, (words, _, _) in kept.items()})
-    sides = tuple(sides.items())
+    made = lambda verdict, because: Mechanism(verdict, because, tuple(sides.items()), tuple(deciding))
     if verdicts.rate(attack["uncompressed"]).value <= REFUSES:
-        return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, sides)
+        return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, tuple(sides.items()))
     verdict, because = _attack(attack, variant)
     fell = lambda name: verdicts.decide(kept[name][1], below=0.0, margin=reading.KEEP_MARGIN) == verdicts.HOLDS
     if because == NOT_RESTORED and fell("directive"):
@@ -165,16 +169,16 @@ def _one(rows: pd.DataFrame, variant: str, ratio: float, policy: str, order: str
     if because == LOWERED and fell("defense"):
         because = DEFENSE_EVICTED
     if verdict == verdicts.OTHER:
-        return Mechanism(verdict, because, sides)
+        return made(verdict, because)
     if price == verdicts.FAILS:
-        return Mechanism(verdicts.OTHER, OVER_REFUSAL, sides)
+        return made(verdicts.OTHER, OVER_REFUSAL)
     if verdict == verdicts.INCONCLUSIVE:
-        return Mechanism(verdict, because, sides)
+        return made(verdict, because)
     if "operative" in kept and because != KEPT:
         because = f"{because} {WITH_WORDS if kept['operative'][2] >= WORDS_KEPT else WITHOUT_WORDS}"
     if price == verdicts.HOLDS:
-        return Mechanism(verdict, because, sides)
-    return Mechanism(verdicts.INCONCLUSIVE, f"{because}, {NOT_RUN if price is None else PRICE_UNDECIDED}", sides)
+        return made(verdict, because)
+    return made(verdicts.INCONCLUSIVE, f"{because}, {NOT_RUN if price is None else PRICE_UNDECIDED}")
 
 
 def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "normal") -> Mechanism:
@@ -207,22 +211,30 @@ def combined(readings: dict[str, Mechanism]) -> Mechanism:
     """One reading of several (a claim over ratios, policies or variants, each read apart), whose verdict never
     contradicts a part's: other when any is (naming why); the paper's when every one that applies is; partly the
     paper's when every one that applies is the paper's or partly; n.a. when none applies; else inconclusive. Its sides
-    name each reading's verdict."""
+    name each reading's verdict; its deciding comparisons are those of each reading that applies, named by it."""
     if not readings:
         raise MechanismError("no readings to combine")
     sides = tuple((label, f"{r.verdict} ({r.because})" if r.because else r.verdict) for label, r in readings.items())
     applies = [r for r in readings.values() if r.verdict != verdicts.NOT_APPLICABLE]
     if not applies:
         return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, sides)
+    deciding = tuple(
+        (f"{label}: {what}", *rest)
+        for label, r in readings.items()
+        if r.verdict != verdicts.NOT_APPLICABLE
+        for what, *rest in r.deciding
+    )
     why = lambda picked: " / ".join(sorted({b for r in picked for b in r.because.split(" / ")}))  # each reason once
     other = [r for r in applies if r.verdict == verdicts.OTHER]
     if other:
-        return Mechanism(verdicts.OTHER, why(other), sides)
+        return Mechanism(verdicts.OTHER, why(other), sides, deciding)
     if all(r.verdict == verdicts.PAPERS for r in applies):
-        return Mechanism(verdicts.PAPERS, why(applies), sides)
+        return Mechanism(verdicts.PAPERS, why(applies), sides, deciding)
     if all(r.verdict in (verdicts.PAPERS, PARTLY_PAPERS) for r in applies):
-        return Mechanism(PARTLY_PAPERS, why(applies), sides)
-    return Mechanism(verdicts.INCONCLUSIVE, why(r for r in applies if r.verdict == verdicts.INCONCLUSIVE), sides)
+        return Mechanism(PARTLY_PAPERS, why(applies), sides, deciding)
+    return Mechanism(
+        verdicts.INCONCLUSIVE, why(r for r in applies if r.verdict == verdicts.INCONCLUSIVE), sides, deciding
+    )
 
 
 def table(rows: pd.DataFrame, variant: str, orders=("normal",)) -> pd.DataFrame:
