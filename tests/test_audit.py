@@ -690,11 +690,12 @@ register("EarliestPress", "Earliest", lambda r: EarliestPress(compression_ratio=
 
 
 @pytest.mark.model
-def test_a_press_of_ones_own_is_audited_through_press(tmp_path, monkeypatch):
+def test_a_press_of_ones_own_is_audited_through_press(tmp_path):
     """``--press`` imports a file that registers a press of one's own, and ``--policies`` names it: the audit runs it
-    (a press keeping the earliest tokens keeps the first span whole and the last not at all at r = 0.5); without
-    ``--press`` the policy is unknown; a file or module not there is named in a line."""
-    module = tmp_path / "earliest_press.py"
+    (a press keeping the earliest tokens keeps the first span whole and the last not at all at r = 0.5), its file
+    named json.py imported under a name of its own (broken on purpose: imported as ``json`` -> the audit's report
+    fails); without ``--press`` the policy is unknown; a file or module not there is named in a line."""
+    module = tmp_path / "json.py"  # a file named like a module the audit imports later: imported under its own name
     module.write_text(OWN_PRESS)
     saved = dict(registry.REGISTRY)
     audited = lambda *extra: cli.main(["audit", str(EXAMPLE), "--query", QUERY, "--policies", "earliest", *extra])
@@ -709,7 +710,7 @@ def test_a_press_of_ones_own_is_audited_through_press(tmp_path, monkeypatch):
     finally:
         registry.REGISTRY.clear()
         registry.REGISTRY.update(saved)
-        sys.modules.pop(module.stem, None)
+        sys.modules.pop(f"fairkv_press_{module.stem}", None)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["policies"] == ["earliest"] and report["critical_ratio"] == {"earliest": 0.5}
     assert report["spans_lost"]["earliest"] == {"policy": 0.5, "defense": 0.5}  # role and format, first, kept

@@ -169,19 +169,27 @@ def _read(args) -> tuple[audit.Spec, list[str]]:
 
 def _import(module: str) -> None:
     """Import ``module`` (a .py file, or a name on the import path): what it registers joins the policies. A file is
-    imported under its name, so a press defined in it has a source to hash (``own.source_hash``)."""
+    imported under a name of its own (``fairkv_press_<stem>``: never over a module of its name, such as ``json``), kept
+    in ``sys.modules`` so a press defined in it has a source to hash (``own.source_hash``)."""
     if not module.endswith(".py"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as error:
+            if not (error.name and module.startswith(error.name)):
+                raise  # the module is there; what it imports is not
             raise audit.AuditError(f"--press {module}: {error} (give a .py file, or a module on the import path)")
         return
     path = Path(module).expanduser()
     if not path.is_file():
         raise audit.AuditError(f"--press {module}: no such file")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    sys.modules[path.stem] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules[path.stem])
+    name = f"fairkv_press_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(sys.modules[name])
+    except BaseException:
+        del sys.modules[name]  # no half-run module left behind
+        raise
 
 
 def _prompt_text(path: Path) -> str:
