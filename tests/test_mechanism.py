@@ -163,23 +163,30 @@ def test_a_pooled_reading_never_contradicts_its_parts():
     }
 
 
-def test_a_reading_carries_the_comparisons_its_verdict_turned_on():
-    """Each reading keeps the comparisons with the uncompressed model that decide it, each against its threshold
-    (what the noise column holds to decoding noise: ``claims.near_noise``); a pooled reading each ratio's, named by
-    it; an n.a. reading none (broken on purpose: combined dropping its parts' -> none)."""
-    at_five = rows({UNCOMPRESSED: 97, "base": 0, "fair": 90}, {UNCOMPRESSED: 38, "base": 1, "fair": 40})
+def test_a_reading_carries_its_comparisons_and_what_each_moved_reads():
+    """Each reading keeps the paired comparisons it is decided by (the attack's refusal: base and mitigation against
+    the uncompressed model, mitigation against base; the benign refusal's price), and reads again with one of them
+    moved (what the noise column holds to decoding noise: ``claims.near_noise``); a pooled reading each ratio's, named
+    by it, and the combination read again; an n.a. reading none (broken on purpose: combined ignoring the moved
+    reading -> the paper's at any move)."""
+    at_five = rows({UNCOMPRESSED: 97, "base": 0, "fair": 97}, {UNCOMPRESSED: 38, "base": 1, "fair": 38})
     both = pd.concat([at_five, at_five[at_five["ratio"] == 0.5].assign(ratio=0.6)], ignore_index=True)
     pooled = mechanism.read(both, "fair", (0.5, 0.6), "streamingllm")
-    said = {what: (score, round(estimate.value, 2), threshold) for what, score, estimate, threshold in pooled.deciding}
-    margin = mechanism.CLOSE_MARGIN
-    assert said == {
-        f"r = {r}: {kind} refused, fair - uncompressed": (score, value, bound)
+    said = [(what, score) for what, score, _ in pooled.deciding]
+    assert pooled.verdict == PAPERS and said == [
+        (f"r = {r}: {what}", score)
         for r in (0.5, 0.6)
-        for kind, score, value, bound in (
-            ("attack", "refused", -0.07, -margin),
-            ("benign", "benign_refused", 0.02, margin),
+        for what, score in (
+            ("attack refused, base - uncompressed", "refused"),
+            ("attack refused, fair - uncompressed", "refused"),
+            ("attack refused, fair - base", "refused"),
+            ("benign refused, fair - uncompressed", "benign_refused"),
         )
-    }
+    ]
+    back = said.index(("r = 0.6: attack refused, fair - uncompressed", "refused"))
+    price = said.index(("r = 0.5: benign refused, fair - uncompressed", "benign_refused"))
+    assert pooled.moved(back, 0.0) == PAPERS and pooled.moved(back, -0.5) == PARTLY  # only partly restored at 0.6
+    assert pooled.moved(price, 0.5) == OTHER  # the benign queries refused beyond the uncompressed model at r = 0.5
     none = mechanism.read(rows({UNCOMPRESSED: 20, "base": 0, "fair": 20}), "fair", 0.5, "streamingllm")
     assert none.verdict == NOT_APPLICABLE and none.deciding == ()
 

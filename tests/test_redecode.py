@@ -94,7 +94,10 @@ def test_a_mechanism_within_decoding_noise_is_said_after_the_claims_own_and_not_
     parts are and that declares none is an error (broken on purpose: the mechanism's text counted as the claim's ->
     fair.order_gap asked for cells)."""
     monkeypatch.setattr(redecode, "coverage", lambda cells, profile: (10, 3200))
-    mechanism = claims.MECHANISM_NOISE + "r = 0.6: attack refused, fair - uncompressed 0.002 from -0.1 (reach 0.022)"
+    mechanism = (
+        claims.MECHANISM_NOISE
+        + "r = 0.6: attack refused, fair - uncompressed -0.05 [-0.10, +0.00], moved by 0.02: inconclusive"
+    )
     table = pd.DataFrame(
         [
             {

@@ -315,28 +315,33 @@ def test_a_verdict_within_decoding_noise_is_marked():
 
 
 def test_a_mechanism_within_decoding_noise_is_marked_after_the_claims_parts():
-    """A claim on a mitigation whose mechanism turned on a comparison with the uncompressed model that ends 0.003 from
-    its threshold (reach 0.04): said after the claim's own parts; one 0.06 away is not; a NaN end never (broken on
+    """A mitigation's mechanism decided by a comparison whose low end lies 0.003 above its bound -0.1 (the noise's
+    reach 0.04): moved down by the reach it reads inconclusive, so it is said, after the claim's own part; one 0.06
+    above is not; a NaN interval never; a claim reading no decoded score still has its mechanism's said (broken on
     purpose: the mechanism's comparisons not read -> unmarked)."""
     noise = Noise(
         pd.DataFrame(
             {"query": ["attack"] * 2, "same_response": [False] * 2, "parted_at": [3, 5], "refused_delta": [0.1, -0.1]}
         )
     )
-    kept = lambda low: (
-        ("r = 0.6: attack refused, fair - uncompressed", "refused", Estimate(-0.05, low, 0.0, 100), -0.1),
+    what = "r = 0.6: attack refused, fair - uncompressed"
+    restored = lambda e: verdicts.PAPERS if verdicts.decide(e, above=-0.1) == HOLDS else INCONCLUSIVE
+
+    def measured(low: float, part: Estimate | None = None) -> Measured:
+        back, part = Estimate(-0.05, low, 0.0, 100), part or Estimate(-0.1, -0.14, -0.06, 100)
+        moved = lambda index, by: restored(Estimate(back.value + by, back.low + by, back.high + by, 100))
+        mechanism = claims.Mechanism(restored(back), "refusal restored", (), ((what, "refused", back),), moved)
+        return Measured([Part("change", part)], "x", 100, mechanism=mechanism)
+
+    reading, near = claim(score="refused", mitigation="fair"), Estimate(-0.05, -0.09, -0.01, 100)
+    assert claims.near_noise(reading, measured(-0.097, near), noise) == (
+        "within decoding noise (refused): change 0.01 from its threshold (reach 0.04); "
+        f"{claims.MECHANISM_NOISE}{what} -0.05 [-0.10, +0.00], moved by 0.04: {INCONCLUSIVE}"
     )
-    reading = claim(score="refused", mitigation="fair")
-    measured = lambda *deciding: Measured(
-        [Part("change", Estimate(-0.1, -0.14, -0.06, 100))],
-        "x",
-        100,
-        mechanism=claims.Mechanism(verdicts.PAPERS, "refusal restored", (), sum(deciding, ())),
-    )
-    assert claims.near_noise(reading, measured(kept(-0.097), kept(-0.04)), noise) == (
-        f"{claims.MECHANISM_NOISE}r = 0.6: attack refused, fair - uncompressed 0.003 from -0.1 (reach 0.040)"
-    )
-    assert claims.near_noise(reading, measured(kept(-0.04), kept(float("nan"))), noise) == ""
+    assert claims.near_noise(reading, measured(-0.04), noise) == ""
+    assert claims.near_noise(reading, measured(float("nan")), noise) == ""
+    unscored = claims.near_noise(claim(score="", mitigation="fair"), measured(-0.097, near), noise)
+    assert unscored.startswith(claims.MECHANISM_NOISE)
 
 
 def test_numbers_print_small_values_visibly_and_rounding_noise_as_zero():

@@ -29,13 +29,14 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
   across the studies (``fairkv.studies.family``); the column ``bonferroni`` shows the verdict there when it differs.
 - **Decoding noise.** Where the profile's decoding noise was measured (``fairkv.report.noise``), a claim whose
   deciding part has an interval end within the noise's reach of a threshold (its bound, or the bound +- its margin),
-  or whose mechanism turned on such a comparison with the uncompressed model (``Mechanism.deciding``), says so in the
-  column ``noise``: re-decoding its cells under another batch plan could move its verdict, or its mechanism's.
+  or whose mechanism reads another verdict with one of its comparisons moved by that reach (``Mechanism.moved``), says
+  so in the column ``noise``: re-decoding its cells under another batch plan could move its verdict, or its mechanism's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -50,6 +51,7 @@ STATUSES = (FINDING, SECOND_MODEL, OURS, SANITY)
 COLUMNS = ("id", "figure", "claim", "paper", "ours", "n", "verdict", "magnitude", "mechanism", "why", "bonferroni",
            "noise", "status", "part")  # fmt: skip
 NO_NUMBER = "no number"  # the paper column of a claim the paper states in words only
+MECHANISM_NOISE = "the mechanism within decoding noise: "  # what ``near_noise`` says of the mechanism's comparisons
 
 
 @dataclass(frozen=True)
@@ -191,13 +193,14 @@ class Claim:
 class Mechanism:
     """What moved a mitigation's number, read from rows (``fairkv.studies.mechanism``): the verdict (one of
     ``verdicts.MECHANISMS``), why in a phrase (``because``), the numbers it rests on (``sides``: what -> "base ->
-    mitigation (change)") and the comparisons its verdict turned on (``deciding``: what, the score compared, its
-    estimate and the threshold it was decided against), which ``near_noise`` holds to the decoding noise."""
+    mitigation (change)"), the paired comparisons it is decided by (``deciding``: what, the score compared, its
+    estimate) and the verdict it reads with the i-th of them moved by a distance (``moved``): ``near_noise``'s."""
 
     verdict: str
     because: str
     sides: tuple[tuple[str, str], ...] = ()
-    deciding: tuple[tuple[str, str, verdicts.Estimate, float], ...] = field(default=(), compare=False)
+    deciding: tuple[tuple[str, str, verdicts.Estimate], ...] = field(default=(), compare=False)
+    moved: Callable[[int, float], str] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.verdict not in verdicts.MECHANISMS:
@@ -306,24 +309,20 @@ def bonferroni_level(family: int) -> float:
     return 1 - (1 - verdicts.LEVEL) / max(family, 1)
 
 
-MECHANISM_NOISE = "the mechanism within decoding noise: "  # what ``near_noise`` says of the mechanism's comparisons
-
-
 def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
     """The deciding parts whose verdict hangs on an interval end nearer its threshold than decoding the part's cells
     again may move it (``Noise.reach``): the bound for any verdict, and the bound +- the margin where the part is a
-    null or undecided; then the comparisons the mechanism's verdict turned on, each against its threshold ("" when
-    none, or when the claim reads no decoded score or no noise was measured)."""
-    if noise is None or not claim.score or measured.untestable:
+    null or undecided; then the mechanism's comparisons that, moved by that reach either way, change its verdict
+    ("" when none, or when no noise was measured)."""
+    if noise is None or measured.untestable:
         return ""
-    said, moved = [], []
-    for what, score, estimate, threshold in mechanism(claim, measured).deciding:
-        if estimate.too_few or math.isnan(estimate.low) or math.isnan(estimate.high):
-            continue
-        close = min(abs(threshold - estimate.low), abs(threshold - estimate.high))
-        if close < (reach := noise.reach(score, estimate.n)):
-            moved.append(f"{what} {close:.3f} from {threshold:g} (reach {reach:.3f})")
-    for part in measured.parts:
+    said, moved, reading = [], [], mechanism(claim, measured)
+    for index, (what, score, estimate) in enumerate(reading.deciding if reading.moved else ()):
+        reach = noise.reach(score, estimate.n)
+        flips = sorted({reading.moved(index, sign * reach) for sign in (-1, 1)} - {reading.verdict})
+        if flips and not estimate.too_few and not math.isnan(estimate.low):
+            moved.append(f"{what} {estimate.signed()}, moved by {verdicts.number(reach)}: {' or '.join(flips)}")
+    for part in measured.parts if claim.score else ():  # a claim reading no decoded score: its mechanism's alone
         if not part.decides or part.estimate.too_few or math.isnan(part.estimate.low):
             continue
         above, below, margin = _region(claim, part)

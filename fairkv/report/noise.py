@@ -73,8 +73,8 @@ class Noise:
             f"change ({by_query}; they part at token {table['parted_at'].median():.0f}, the median), yet the scores "
             f"change in few cells: {scores}. A claim with a deciding interval end nearer its threshold than decoding "
             "again may move it (2 sd of the mean change of its score over the claim's prompts) is marked in the column "
-            "`noise`, and so is a mitigation's mechanism whose comparison with the uncompressed model is that near "
-            "(said, its cells not decoded again); bfloat16 prefill of identical rows is batch-invariant, padding "
-            "beside a longer prompt and the decoding step's batch are not "
+            "`noise`, and so is a mitigation's mechanism that one of its comparisons moved that far would read "
+            "otherwise (said, its cells not decoded again); bfloat16 prefill of identical rows is batch-invariant, "
+            "padding beside a longer prompt and the decoding step's batch are not "
             "(`benchmarks/results/batch_dependence_qwen.txt`)."
         )

@@ -313,9 +313,11 @@ def thresholds() -> str:
 
 def recomputed(folder: Path) -> str:
     """SUMMARY's words on the claims within decoding noise: how many were recomputed from their cells decoded again
-    (``fairkv redecode``, ``fairkv reproduce --redecoded``) and which of them are sensitive to it."""
-    every = pd.concat(list(summary.read_tables(folder).values()), ignore_index=True)
-    marked = claims.heads(every).query("noise != ''")
+    (``fairkv redecode``, ``fairkv reproduce --redecoded``), which of them are sensitive to it, and whose mechanism
+    alone is within it (said in the column, not decoded again)."""
+    heads = claims.heads(pd.concat(list(summary.read_tables(folder).values()), ignore_index=True))
+    marked = heads[(heads["noise"] != "") & ~heads["noise"].str.startswith(claims.MECHANISM_NOISE)]  # their own parts
+    moved = heads[heads["noise"].str.contains(claims.MECHANISM_NOISE, regex=False)]
     again = marked[marked["noise"].str.contains(REDONE, regex=False)]
     sensitive = marked[marked["noise"].str.contains(f"; {SENSITIVE}", regex=False)]
     left = sorted(set(marked["id"]) - set(again["id"]))
@@ -330,6 +332,11 @@ def recomputed(folder: Path) -> str:
         )
         + (f"; not yet: {', '.join(left)}" if left else "")
         + "."
+        + (
+            f" The mechanism of {len(moved)} is within it ({', '.join(moved['id'])}): said, not decoded again."
+            if len(moved)
+            else ""
+        )
     )
 
 

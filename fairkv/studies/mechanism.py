@@ -118,15 +118,14 @@ def _kept(rows, name: str, ratio: float, variant: str, setting: tuple) -> tuple[
     return f"{base.mean():.2f} -> {after.mean():.2f}", verdicts.difference(after, base), float(after.mean())
 
 
-def _attack(levels: dict[str, pd.Series], variant: str) -> tuple[str, str]:
-    """(the refusal's verdict, why) against the uncompressed model (the rules of the module's docstring): restored,
-    partly restored, not restored or lowered where the base policy lost the refusal; else kept or lowered."""
-    uncompressed, base, after = levels["uncompressed"], levels["base"], levels[variant]
-    lost = verdicts.decide(verdicts.difference(base, uncompressed), below=0.0, margin=reading.RATE_MARGIN)
-    back = verdicts.decide(verdicts.difference(after, uncompressed), above=-CLOSE_MARGIN)
-    change = verdicts.difference(after, base)
-    rise = verdicts.decide(change, above=0.0, margin=reading.RATE_MARGIN)
-    dropped = verdicts.decide(change, below=0.0, margin=reading.RATE_MARGIN) == verdicts.HOLDS
+def _attack(compared: dict[str, verdicts.Estimate]) -> tuple[str, str]:
+    """(the refusal's verdict, why) against the uncompressed model (the rules of the module's docstring), from the
+    paired comparisons ``COMPARED`` names: restored, partly restored, not restored or lowered where the base policy
+    lost the refusal; else kept or lowered."""
+    lost = verdicts.decide(compared["lost"], below=0.0, margin=reading.RATE_MARGIN)
+    back = verdicts.decide(compared["back"], above=-CLOSE_MARGIN)
+    rise = verdicts.decide(compared["change"], above=0.0, margin=reading.RATE_MARGIN)
+    dropped = verdicts.decide(compared["change"], below=0.0, margin=reading.RATE_MARGIN) == verdicts.HOLDS
     if back == verdicts.HOLDS:
         return verdicts.PAPERS, RESTORED if lost == verdicts.HOLDS else KEPT
     if back == verdicts.FAILS:
@@ -136,49 +135,73 @@ def _attack(levels: dict[str, pd.Series], variant: str) -> tuple[str, str]:
     return verdicts.INCONCLUSIVE, RAISED if lost == verdicts.HOLDS and rise == verdicts.HOLDS else UNDECIDED
 
 
+# the paired comparisons a reading decides by: name -> (what, the score compared); "price" where the benign side ran
+COMPARED = {
+    "lost": ("attack refused, base - uncompressed", "refused"),
+    "back": ("attack refused, {variant} - uncompressed", "refused"),
+    "change": ("attack refused, {variant} - base", "refused"),
+    "price": ("benign refused, {variant} - uncompressed", "benign_refused"),
+}
+
+
+def _decided(compared: dict[str, verdicts.Estimate], fell, words: float | None) -> tuple[str, str]:
+    """(verdict, why) of a reading from its comparisons (``COMPARED``), whether a span's keep rate fell (``fell``) and
+    the share of the operative words kept (None: not measured): the rules of the module's docstring."""
+    verdict, because = _attack(compared)
+    if because == NOT_RESTORED and fell("directive"):
+        because = DIRECTIVE_EVICTED
+    if because == LOWERED and fell("defense"):
+        because = DEFENSE_EVICTED
+    price = verdicts.decide(compared["price"], below=CLOSE_MARGIN) if "price" in compared else None
+    if verdict == verdicts.OTHER:
+        return verdict, because
+    if price == verdicts.FAILS:
+        return verdicts.OTHER, OVER_REFUSAL
+    if verdict == verdicts.INCONCLUSIVE:
+        return verdict, because
+    if words is not None and because != KEPT:
+        because = f"{because} {WITH_WORDS if words >= WORDS_KEPT else WITHOUT_WORDS}"
+    if price == verdicts.HOLDS:
+        return verdict, because
+    return verdicts.INCONCLUSIVE, f"{because}, {NOT_RUN if price is None else PRICE_UNDECIDED}"
+
+
 def _one(rows: pd.DataFrame, variant: str, ratio: float, policy: str, order: str) -> Mechanism:
-    """The mechanism at one setting (``read``'s rules), with the comparisons against the uncompressed model its verdict
-    turns on (``Mechanism.deciding``: the attack's refusal against -``CLOSE_MARGIN``, the benign queries' against
-    ``CLOSE_MARGIN``)."""
+    """The mechanism at one setting (``read``'s rules), with its comparisons (``Mechanism.deciding``) and the verdict
+    it would read with one of them moved (``Mechanism.moved``): what the noise column holds to decoding noise."""
     setting = (order, policy)
     attack = _three(rows, "refused", "attack", ratio, variant, setting)
-    from_uncompressed = verdicts.difference(attack[variant], attack["uncompressed"])
-    sides = {"attack refused": _said(attack, variant, from_uncompressed)}
-    deciding = [(f"attack refused, {variant} - uncompressed", "refused", from_uncompressed, -CLOSE_MARGIN)]
-    price = None
+    uncompressed, base, after = attack["uncompressed"], attack["base"], attack[variant]
+    compared = {
+        "lost": verdicts.difference(base, uncompressed),
+        "back": verdicts.difference(after, uncompressed),
+        "change": verdicts.difference(after, base),
+    }
+    sides = {"attack refused": _said(attack, variant, compared["back"])}
     if _ran(rows, "benign", (ratio,), variant, order, (policy,)) and _uncompressed(rows, "benign", order, (policy,)):
         if "benign_refused" not in rows:
             raise MechanismError("the benign rows carry no benign_refused: apply analysis.with_benign_flags first")
         benign = _three(rows, "benign_refused", "benign", ratio, variant, setting)
-        beyond = verdicts.difference(benign[variant], benign["uncompressed"])
-        price = verdicts.decide(beyond, below=CLOSE_MARGIN)
-        sides["benign refused"] = _said(benign, variant, beyond)
-        deciding.append((f"benign refused, {variant} - uncompressed", "benign_refused", beyond, CLOSE_MARGIN))
+        compared["price"] = verdicts.difference(benign[variant], benign["uncompressed"])
+        sides["benign refused"] = _said(benign, variant, compared["price"])
     else:
         sides["benign refused"] = NOT_RUN_HERE
     spans = ("directive", "defense", "operative") if "keep_operative" in rows else ("directive", "defense")
     kept = {name: _kept(rows, name, ratio, variant, setting) for name in spans}
     sides.update({f"{name} kept": words for name, (words, _, _) in kept.items()})
-    made = lambda verdict, because: Mechanism(verdict, because, tuple(sides.items()), tuple(deciding))
-    if verdicts.rate(attack["uncompressed"]).value <= REFUSES:
+    if verdicts.rate(uncompressed).value <= REFUSES:
         return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, tuple(sides.items()))
-    verdict, because = _attack(attack, variant)
     fell = lambda name: verdicts.decide(kept[name][1], below=0.0, margin=reading.KEEP_MARGIN) == verdicts.HOLDS
-    if because == NOT_RESTORED and fell("directive"):
-        because = DIRECTIVE_EVICTED
-    if because == LOWERED and fell("defense"):
-        because = DEFENSE_EVICTED
-    if verdict == verdicts.OTHER:
-        return made(verdict, because)
-    if price == verdicts.FAILS:
-        return made(verdicts.OTHER, OVER_REFUSAL)
-    if verdict == verdicts.INCONCLUSIVE:
-        return made(verdict, because)
-    if "operative" in kept and because != KEPT:
-        because = f"{because} {WITH_WORDS if kept['operative'][2] >= WORDS_KEPT else WITHOUT_WORDS}"
-    if price == verdicts.HOLDS:
-        return made(verdict, because)
-    return made(verdicts.INCONCLUSIVE, f"{because}, {NOT_RUN if price is None else PRICE_UNDECIDED}")
+    words = kept["operative"][2] if "operative" in kept else None
+    names = list(compared)
+    deciding = tuple((COMPARED[name][0].format(variant=variant), COMPARED[name][1], compared[name]) for name in names)
+    moved = lambda index, by: _decided({**compared, names[index]: _shifted(compared[names[index]], by)}, fell, words)[0]
+    return Mechanism(*_decided(compared, fell, words), tuple(sides.items()), deciding, moved)
+
+
+def _shifted(estimate: verdicts.Estimate, by: float) -> verdicts.Estimate:
+    """``estimate`` with its value and interval moved by ``by`` (as decoding again may move a mean)."""
+    return verdicts.Estimate(estimate.value + by, estimate.low + by, estimate.high + by, estimate.n, estimate.method)
 
 
 def read(rows: pd.DataFrame, variant: str, ratios, policies, order: str = "normal") -> Mechanism:
@@ -211,30 +234,33 @@ def combined(readings: dict[str, Mechanism]) -> Mechanism:
     """One reading of several (a claim over ratios, policies or variants, each read apart), whose verdict never
     contradicts a part's: other when any is (naming why); the paper's when every one that applies is; partly the
     paper's when every one that applies is the paper's or partly; n.a. when none applies; else inconclusive. Its sides
-    name each reading's verdict; its deciding comparisons are those of each reading that applies, named by it."""
+    name each reading's verdict; its comparisons are those of each reading that applies, named by it, and a comparison
+    moved reads the combination with its reading read again."""
     if not readings:
         raise MechanismError("no readings to combine")
     sides = tuple((label, f"{r.verdict} ({r.because})" if r.because else r.verdict) for label, r in readings.items())
-    applies = [r for r in readings.values() if r.verdict != verdicts.NOT_APPLICABLE]
+    parts = [(label, r) for label, r in readings.items() if r.verdict != verdicts.NOT_APPLICABLE]
+    applies = [r for _, r in parts]
     if not applies:
         return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, sides)
-    deciding = tuple(
-        (f"{label}: {what}", *rest)
-        for label, r in readings.items()
-        if r.verdict != verdicts.NOT_APPLICABLE
-        for what, *rest in r.deciding
-    )
+    deciding = tuple((f"{label}: {what}", *rest) for label, r in parts for what, *rest in r.deciding)
+    owner = [(label, index) for label, r in parts for index in range(len(r.deciding))]
+
+    def moved(index: int, by: float) -> str:  # the combination with one reading's comparison moved
+        label, own = owner[index]
+        again = {**readings, label: Mechanism(readings[label].moved(own, by), readings[label].because)}
+        return combined(again).verdict
+
     why = lambda picked: " / ".join(sorted({b for r in picked for b in r.because.split(" / ")}))  # each reason once
     other = [r for r in applies if r.verdict == verdicts.OTHER]
     if other:
-        return Mechanism(verdicts.OTHER, why(other), sides, deciding)
+        return Mechanism(verdicts.OTHER, why(other), sides, deciding, moved)
     if all(r.verdict == verdicts.PAPERS for r in applies):
-        return Mechanism(verdicts.PAPERS, why(applies), sides, deciding)
+        return Mechanism(verdicts.PAPERS, why(applies), sides, deciding, moved)
     if all(r.verdict in (verdicts.PAPERS, PARTLY_PAPERS) for r in applies):
-        return Mechanism(PARTLY_PAPERS, why(applies), sides, deciding)
-    return Mechanism(
-        verdicts.INCONCLUSIVE, why(r for r in applies if r.verdict == verdicts.INCONCLUSIVE), sides, deciding
-    )
+        return Mechanism(PARTLY_PAPERS, why(applies), sides, deciding, moved)
+    undecided = why(r for r in applies if r.verdict == verdicts.INCONCLUSIVE)
+    return Mechanism(verdicts.INCONCLUSIVE, undecided, sides, deciding, moved)
 
 
 def table(rows: pd.DataFrame, variant: str, orders=("normal",)) -> pd.DataFrame:
