@@ -5,14 +5,15 @@
 Prints the CPU's bfloat16 kernel family; a decoding step's MLP matmul (a running batch of 128 rows, Qwen2.5-Coder-1.5B's
 1536 x 8960) in GFLOP/s for float32, native bfloat16 and emulated bfloat16; one 100-token prefill of Qwen2.5-Coder-1.5B
 in each, 32 greedy decoding steps of one answer and ``--batch-steps`` of a running batch of ``--batch`` answers (a
-sweep's decode: bound by memory at one answer, by arithmetic in a batch); then ``--rows`` keep-rate rows of the committed press atlas
-(``results/cpu/atlas/``, computed natively with AVX512-BF16 kernels), drawn at random (seeded), recomputed with emulated
-bfloat16 (and natively, where this CPU has bfloat16 arithmetic): how many come out identical, and the largest and 90th
-percentile difference of a span's keep rate: what ``fairkv.runs.tolerance.KEEP_BOUND`` is derived from. On an
-AVX2-only CPU leave the native path out (``--paths emulated``: it runs at 0.3 GFLOP/s there); run under
-``ONEDNN_MAX_CPU_ISA`` (``AVX512_CORE``: bfloat16 converted, without its instructions) to measure another native
-kernel family against the committed rows, with ``--no-speed`` to skip the timings; under ``ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2`` this CPU takes an AVX2-only CPU's kernels (at its own speed), ``--rows 0`` for the timings only.
+sweep's decode: bound by memory at one answer, by arithmetic in a batch); then ``--rows`` keep-rate rows of the
+committed press atlas (``results/cpu/atlas/``, computed natively with AVX512-BF16 kernels), drawn at random (seeded),
+recomputed with emulated bfloat16 (and natively, where this CPU has bfloat16 arithmetic): how many come out identical,
+and the largest and 90th percentile difference of a span's keep rate: what ``fairkv.runs.tolerance.KEEP_BOUND`` is
+derived from. On an AVX2-only CPU leave the native path out (``--paths emulated``: it runs at 0.3 GFLOP/s there); run
+under ``ONEDNN_MAX_CPU_ISA`` (``AVX512_CORE``: bfloat16 converted, without its instructions) to measure another native
+kernel family against the committed rows, with ``--no-speed`` to skip the timings; under
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` this CPU takes an AVX2-only CPU's kernels (at its own speed),
+``--rows 0`` for the timings only.
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ def _refusal_against_the_template() -> str:
     return f"{metrics.leakage(templates['standard_defense'], prompts.SCRIPTED_REPLY):.2f}"
 
 
+CAPPED = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"  # the capped run's command in emulated_bfloat16.txt
 CI_RUN, ESTIMATE = (
     RESULTS / "ci_run_avx512_bf16.txt",
     RESULTS / "scaleout_estimate_paper.txt",
@@ -152,7 +153,7 @@ QUOTES = (
             "docs/benchmarks.md",
             said,
             RESULTS / "emulated_bfloat16.txt",
-            rf"cpu {path}: .*?of 16 answers [\d.]+ s \(([\d.]+) tokens/s\)",
+            rf"{CAPPED} .*?cpu {path}: [^$]*?of 16 answers [\d.]+ s \(([\d.]+) tokens/s\)",
         )
         for said, path in (
             (r"16 answers at ([\d.]+) tokens/s emulated", "bfloat16 emulated"),
@@ -165,8 +166,8 @@ QUOTES = (
         r"prefilled (\d+) times faster emulated",
         value=lambda: _ratio(
             RESULTS / "emulated_bfloat16.txt",
-            r"cpu bfloat16 avx2: 100-token prefill ([\d.]+) s",
-            r"cpu bfloat16 emulated: 100-token prefill ([\d.]+) s",
+            rf"{CAPPED} .*?cpu bfloat16 avx2: 100-token prefill ([\d.]+) s",
+            rf"{CAPPED} .*?cpu bfloat16 emulated: 100-token prefill ([\d.]+) s",
         ),
     ),
     Quote(

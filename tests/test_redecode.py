@@ -86,6 +86,15 @@ def test_the_noise_column_says_what_decoding_again_did(monkeypatch):
     assert flipped == f"{studies.SENSITIVE}: decoded again (200 cells, batch 64), verdict inconclusive -> fails"
     partial = again.assign(**{studies.AGAIN: "150 of 200"})  # rendered before its cells were all there
     assert "not yet read" in studies._said_again(claim, line("fails", "differs"), partial, "03", "cpu")
+    # a claim on a mitigation: its mechanism read again too (broken on purpose: left out -> "fails, differs again")
+    mitigation, said = (
+        fair.TABLE1_POSITIVE,
+        pd.Series({"verdict": "fails", "magnitude": "differs", "mechanism": "other"}),
+    )
+    again = pd.DataFrame([{"id": mitigation.id, **said, studies.AGAIN: "200 of 200"}]).set_index("id")
+    assert studies._said_again(mitigation, said, again, "06", "cpu").endswith(": fails, differs, mechanism other again")
+    again.at[mitigation.id, "mechanism"] = "the paper's"
+    assert studies._said_again(mitigation, said, again, "06", "cpu").endswith(", mechanism other -> the paper's")
 
 
 def test_a_mechanism_within_decoding_noise_is_said_after_the_claims_own_and_not_decoded_again(monkeypatch):

@@ -269,7 +269,8 @@ def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
 
 
 def _said_again(claim: claims.Claim, line: pd.Series, again: pd.DataFrame | None, notebook: str, profile: str) -> str:
-    """What decoding the claim's cells again did to its verdicts, or how far it got."""
+    """What decoding the claim's cells again did to its verdicts (its mechanism's too, for a claim on a mitigation), or
+    how far it got."""
     done, total = redecode.coverage(claim.cells, profile)
     if done < total:
         return f"decoded again so far: {done} of its {total} cells (`fairkv redecode {claim.id}`)"
@@ -278,11 +279,15 @@ def _said_again(claim: claims.Claim, line: pd.Series, again: pd.DataFrame | None
             f"its {total} cells decoded again, not yet read: `fairkv reproduce {notebook} --redecoded -p profile "
             f"{profile} --frozen`"
         )
-    was = {kind: line[kind] for kind in ("verdict", "magnitude")}
+    was = {kind: line[kind] for kind in ("verdict", "magnitude", *(("mechanism",) if claim.mitigation else ()))}
     now = {kind: again.at[claim.id, kind] for kind in was}
     said = f"{REDONE}{total} cells, batch {redecode.BATCH_SIZE})"
     if now == was:
-        return f"{said}: {was['verdict']}, {was['magnitude']} again"
+        return (
+            f"{said}: {was['verdict']}, {was['magnitude']}"
+            + (f", mechanism {was['mechanism']}" if claim.mitigation else "")
+            + " again"
+        )
     moved = ", ".join(f"{kind} {was[kind]} -> {now[kind]}" for kind in was if was[kind] != now[kind])
     return f"{SENSITIVE}: {said}, {moved}"
 
