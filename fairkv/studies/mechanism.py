@@ -25,7 +25,9 @@ uncompressed model's), ``partly the paper's`` (partly restored, at no such price
 instead), ``inconclusive`` (an interval straddles its bound, or the benign side was not run there). Read over several
 ratios or policies, the reading is the combination of the reading at each (``combined``): a pooled verdict never
 contradicts its parts. ``table`` reads it at every ratio the paper plots its mitigations at (Figs 8, 9: r = 0.3-0.7),
-per policy and order."""
+per policy and order. A reading keeps the paired comparisons it is decided by (``COMPARED``) and reads again with one
+of them moved (``Mechanism.moved``): the claims' noise column names those decoding noise could move into another
+verdict (``fairkv.report.claims.near_noise``)."""
 
 from __future__ import annotations
 
