@@ -97,16 +97,17 @@ def test_the_noise_column_says_what_decoding_again_did(monkeypatch):
     assert studies._said_again(mitigation, said, again, "06", "cpu").endswith(", mechanism other -> the paper's")
 
 
-def test_a_mechanism_within_decoding_noise_is_said_after_the_claims_own_and_not_decoded_again(monkeypatch):
-    """The noise column of a claim whose parts and mechanism are both within decoding noise: its parts', what decoding
-    its cells again did, then its mechanism's; a claim whose mechanism alone is within noise needs no cells; one whose
-    parts are and that declares none is an error (broken on purpose: the mechanism's text counted as the claim's ->
-    fair.order_gap asked for cells)."""
+def test_a_mechanism_within_decoding_noise_is_decoded_again_where_its_claim_declares_cells(monkeypatch):
+    """The noise column: a claim's parts within decoding noise, then its mechanism's, then what decoding its cells again
+    did; a claim whose mechanism alone is within noise and that declares cells (fair.streamingllm_leakage: its attack
+    cells) is decoded again too, one that declares none is only said; one whose parts are and that declares none is an
+    error (broken on purpose: the mechanism's text counted as the claim's -> fair.order_gap asked for cells)."""
     monkeypatch.setattr(redecode, "coverage", lambda cells, profile: (10, 3200))
     mechanism = (
         claims.MECHANISM_NOISE
         + "r = 0.6: attack refused, fair - uncompressed -0.05 [-0.10, +0.00], moved by 0.02: inconclusive"
     )
+    so_far = "decoded again so far: 10 of its 3200 cells (`fairkv redecode {}`)"
     table = pd.DataFrame(
         [
             {
@@ -114,16 +115,17 @@ def test_a_mechanism_within_decoding_noise_is_said_after_the_claims_own_and_not_
                 "part": "",
                 "noise": "within decoding noise (prompt_strict): x; " + mechanism,
             },
+            {"id": fair.STREAMINGLLM_LEAKAGE.id, "part": "", "noise": mechanism},
             {"id": fair.ORDER_GAP.id, "part": "", "noise": mechanism},
         ]
     )
     noted = studies._decoded_again(fair, table.copy(), "cpu")["noise"].tolist()
     assert noted == [
-        "within decoding noise (prompt_strict): x; decoded again so far: 10 of its 3200 cells (`fairkv redecode "
-        f"{fair.TABLE1_POSITIVE.id}`); {mechanism}",
+        f"within decoding noise (prompt_strict): x; {mechanism}; " + so_far.format(fair.TABLE1_POSITIVE.id),
+        f"{mechanism}; " + so_far.format(fair.STREAMINGLLM_LEAKAGE.id),
         mechanism,
     ]
-    table.at[1, "noise"] = "within decoding noise (prompt_strict): y"
+    table.at[2, "noise"] = "within decoding noise (prompt_strict): y"
     with pytest.raises(claims.ClaimError, match=f"{fair.ORDER_GAP.id} is within decoding noise at cpu but declares"):
         studies._decoded_again(fair, table, "cpu")
 

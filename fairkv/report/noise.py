@@ -74,7 +74,7 @@ class Noise:
             f"change in few cells: {scores}. A claim with a deciding interval end nearer its threshold than decoding "
             "again may move it (2 sd of the mean change of its score over the claim's prompts) is marked in the column "
             "`noise`, and so is a mitigation's mechanism that one of its comparisons moved that far would read "
-            "otherwise (said, its cells not decoded again); bfloat16 prefill of identical rows is batch-invariant, "
-            "padding beside a longer prompt and the decoding step's batch are not "
+            "otherwise (decoded again where its claim declares its cells); bfloat16 prefill of identical rows is "
+            "batch-invariant, padding beside a longer prompt and the decoding step's batch are not "
             "(`benchmarks/results/batch_dependence_qwen.txt`)."
         )

@@ -240,8 +240,8 @@ def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
     """Under ``FAIRKV_REDECODED=1`` (its cells decoded again read in place of the store's): the table with, per claim
     that declares cells, how many of them were there (column ``AGAIN``). Otherwise the column ``noise`` of each claim
     within decoding noise says what decoding its cells again did to its verdicts (the redecoded table), or how many
-    are decoded again so far; a claim within decoding noise that declares no cells is an error. A mechanism's
-    comparison within decoding noise (``claims.MECHANISM_NOISE``) is said after it, not decoded again."""
+    are decoded again so far; a claim within decoding noise that declares no cells is an error. A mechanism within
+    decoding noise (``claims.MECHANISM_NOISE``) is decoded again where its claim declares cells, else only said."""
     declared = {claim.id: claim for claim in study.CLAIMS}
     heads = table.index[table["part"] == ""]
     if redecoded():
@@ -257,14 +257,15 @@ def _decoded_again(study, table: pd.DataFrame, profile: str) -> pd.DataFrame:
     for index in heads:
         claim = declared[table.at[index, "id"]]
         mine, _, mechanism = table.at[index, "noise"].partition(claims.MECHANISM_NOISE)  # its parts', its mechanism's
-        if not mine:
-            continue
+        if not mine and not (mechanism and claim.cells):
+            continue  # nothing within noise, or only the mechanism of a claim that declares no cells: said
         if not claim.cells:
             raise claims.ClaimError(
                 f"{claim.id} is within decoding noise at {profile} but declares no cells to decode again (Claim.cells)"
             )
-        said = mine.removesuffix("; ") + "; " + _said_again(claim, table.loc[index], again, notebook, profile)
-        table.at[index, "noise"] = said + (f"; {claims.MECHANISM_NOISE}{mechanism}" if mechanism else "")
+        mechanism = claims.MECHANISM_NOISE + mechanism if mechanism else ""
+        said = [mine.removesuffix("; "), mechanism, _said_again(claim, table.loc[index], again, notebook, profile)]
+        table.at[index, "noise"] = "; ".join(filter(None, said))
     return table
 
 
@@ -318,11 +319,12 @@ def thresholds() -> str:
 
 def recomputed(folder: Path) -> str:
     """SUMMARY's words on the claims within decoding noise: how many were recomputed from their cells decoded again
-    (``fairkv redecode``, ``fairkv reproduce --redecoded``), which of them are sensitive to it, and whose mechanism
-    alone is within it (said in the column, not decoded again)."""
+    (``fairkv redecode``, ``fairkv reproduce --redecoded``), which of them are sensitive to it, and those whose
+    mechanism alone is within it and that declare no cells (said in the column, not decoded again)."""
     heads = claims.heads(pd.concat(list(summary.read_tables(folder).values()), ignore_index=True))
-    marked = heads[(heads["noise"] != "") & ~heads["noise"].str.startswith(claims.MECHANISM_NOISE)]  # their own parts
-    moved = heads[heads["noise"].str.contains(claims.MECHANISM_NOISE, regex=False)]
+    cells = {claim.id: bool(claim.cells) for claim in declared()}
+    said = heads[heads["noise"].str.startswith(claims.MECHANISM_NOISE) & ~heads["id"].map(cells)]
+    marked = heads[(heads["noise"] != "") & ~heads["id"].isin(said["id"])]
     again = marked[marked["noise"].str.contains(REDONE, regex=False)]
     sensitive = marked[marked["noise"].str.contains(f"; {SENSITIVE}", regex=False)]
     left = sorted(set(marked["id"]) - set(again["id"]))
@@ -338,8 +340,8 @@ def recomputed(folder: Path) -> str:
         + (f"; not yet: {', '.join(left)}" if left else "")
         + "."
         + (
-            f" The mechanism of {len(moved)} is within it ({', '.join(moved['id'])}): said, not decoded again."
-            if len(moved)
+            f" The mechanism of {len(said)} more is within it ({', '.join(said['id'])}): said, its cells not declared."
+            if len(said)
             else ""
         )
     )

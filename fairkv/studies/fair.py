@@ -127,7 +127,8 @@ def _entry(policy: str, variant: str) -> str:
 
 
 def _lowers_leakage(policy: str, before: Number, after: Number) -> Claim:
-    return reading.lowers_leakage("fair", "Fig 9", "fair eviction", FAIR_RATIO, policy, before, after)
+    claim = reading.lowers_leakage("fair", "Fig 9", "fair eviction", FAIR_RATIO, policy, before, after)
+    return reading.with_attack_cells(claim, STUDY, policy, FAIR_RATIO)
 
 
 STREAMINGLLM_LEAKAGE = _lowers_leakage("streamingllm", Number(0.55, "leakage"), Number(0.25, "leakage"))

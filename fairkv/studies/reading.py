@@ -3,6 +3,8 @@ comparisons, and the notes and reasons computed from the rows that a claim print
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from fairkv.core.presses import get_policy
@@ -200,6 +202,17 @@ def lowers_leakage(
         score="leak_directive",
         mitigation=study,
     )
+
+
+def with_attack_cells(claim, study, policy: str, ratio: float):
+    """``claim`` (a ``lowers_leakage`` claim) with the attack cells its mechanism's refusal is read from: uncompressed,
+    base and the mitigation at ``ratio``, normal order (``Claim.cells``), to decode again where the noise column finds
+    that mechanism within decoding noise (``fairkv redecode``)."""
+    from fairkv.runs.redecode import Cells
+
+    variants, ratios = ("base", claim.mitigation), (0.0, ratio)
+    attack = Cells(study, policies=(policy,), variants=variants, orders=("normal",), ratios=ratios, queries=("attack",))
+    return dataclasses.replace(claim, cells=(attack,))
 
 
 def leakage_lowered(rows: pd.DataFrame, variant: str, policy: str, ratio: float, moved):

@@ -50,7 +50,8 @@ WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
 
 
 def _lowers_leakage(policy: str, before: Number, after: Number) -> Claim:
-    return reading.lowers_leakage("whitelist", "Fig 8", "the whitelist", WHITELIST_RATIO, policy, before, after)
+    claim = reading.lowers_leakage("whitelist", "Fig 8", "the whitelist", WHITELIST_RATIO, policy, before, after)
+    return reading.with_attack_cells(claim, STUDY, policy, WHITELIST_RATIO)
 
 
 STREAMINGLLM_LEAKAGE = _lowers_leakage("streamingllm", Number(0.5, "leakage"), Number((0.10, 0.15), "leakage"))
