@@ -10,6 +10,7 @@ import pandas as pd
 from fairkv.core.presses import get_policy
 from fairkv.report import analysis, outcomes, verdicts
 from fairkv.runs import studies
+from fairkv.runs.redecode import Cells
 
 PEAK = 0.5  # the paper's leakage peaks lie at r = 0.4-0.6 (Figs 4, 6): claims on the peak are read at r = 0.5
 REFUSALS_DOMINATE = 0.25  # a share of benign queries refused from which accuracy measures over-refusal as much
@@ -208,8 +209,6 @@ def with_attack_cells(claim, study, policy: str, ratio: float):
     """``claim`` (a ``lowers_leakage`` claim) with the attack cells its mechanism's refusal is read from: uncompressed,
     base and the mitigation at ``ratio``, normal order (``Claim.cells``), to decode again where the noise column finds
     that mechanism within decoding noise (``fairkv redecode``)."""
-    from fairkv.runs.redecode import Cells
-
     variants, ratios = ("base", claim.mitigation), (0.0, ratio)
     attack = Cells(study, policies=(policy,), variants=variants, orders=("normal",), ratios=ratios, queries=("attack",))
     return dataclasses.replace(claim, cells=(attack,))
