@@ -78,7 +78,7 @@ def test_the_readme_is_short_and_its_first_screen_holds_what_a_newcomer_needs():
         "**What reproduces:**",
         "**What does not:**",
         "**Why:**",
-        "| claim | paper | ours [95%] | direction | magnitude | mechanism | why | figure |",
+        "| claim | paper | ours [95%] | n | direction | magnitude | mechanism | why | figure |",
     ):
         assert needed in first, needed
     assert not _links_resolve(text, ROOT)

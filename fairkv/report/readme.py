@@ -2,12 +2,11 @@
 
 ``section`` reads a figures folder (``figures/<profile>/``: the notebooks' paper-vs-us tables and the tables the
 confounds quote) and returns the README's part: the bottom line in three sentences (what reproduces, what does not,
-why), the paper's claims one line each (claim | paper | ours [95%] | direction | magnitude | mechanism | why, in a
-phrase | figure), the three figures that show the pitfall and its mechanism best at full width, and the known
-confounds, each number from
-its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line in full with where each
-mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with its whole why, the
-paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the first
+why), the paper's claims one line each (claim | paper | ours [95%] | n | direction | magnitude | mechanism | why, in
+a phrase | figure), the three figures that show the pitfall and its mechanism best at full width, and the known
+confounds, each number from its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line
+in full with where each mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with
+its whole why, the paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the first
 between the README's markers and writes the second; ``fairkv reproduce`` calls it for the profile the README shows
 (``PROFILE``), and a test compares both with what the committed tables give, so no number in them can drift.
 """
@@ -146,12 +145,13 @@ def _figure(row, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -
 
 def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The paper's claims, one line each: the claim's and the paper's words before their details, our estimate (the
-    first part of the claim table's), the verdicts and the why in a phrase (in full: the results page)."""
+    first part of the claim table's) and its n, the verdicts and the why in a phrase (in full: the results page)."""
     rows = [
         {
             "claim": row.claim.split(" (")[0],
             "paper": row.paper.split(": ")[0],
             "ours [95%]": row.ours.split("; ")[0],
+            "n": row.n,
             "direction": row.verdict,
             "magnitude": row.magnitude,
             "mechanism": row.mechanism,
