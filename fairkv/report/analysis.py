@@ -150,12 +150,22 @@ def spearman(accuracy: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, frame in accuracy.groupby(group, sort=True):
         table = frame.pivot(index="class", columns="ratio", values="accuracy")
+        zero = table[0.0].to_numpy()
         for ratio in table.columns:
-            pair = pd.DataFrame({"zero": table[0.0], "at": table[ratio]}).dropna()
-            constant = pair["zero"].nunique() < 2 or pair["at"].nunique() < 2
-            rho = np.nan if len(pair) < 3 or constant else stats.spearmanr(pair["zero"], pair["at"]).statistic
-            out.append({**dict(zip(group, key)), "ratio": ratio, "rho": rho, "classes": len(pair)})
+            at = table[ratio].to_numpy()
+            both = ~(np.isnan(zero) | np.isnan(at))
+            rho = _rank_correlation(zero[both], at[both])
+            out.append({**dict(zip(group, key)), "ratio": ratio, "rho": rho, "classes": int(both.sum())})
     return pd.DataFrame(out)
+
+
+def _rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """``scipy.stats.spearmanr(x, y).statistic`` as scipy computes it (Pearson's r of the average ranks, by
+    ``np.corrcoef``), without its per-call checks: bootstraps call it thousands of times. NaN where fewer than 3
+    values or either side constant."""
+    if len(x) < 3 or np.unique(x).size < 2 or np.unique(y).size < 2:
+        return np.nan
+    return float(np.corrcoef(np.column_stack([stats.rankdata(x), stats.rankdata(y)]), rowvar=False)[1, 0])
 
 
 def spearman_intervals(rows: pd.DataFrame, split: bool = True, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
