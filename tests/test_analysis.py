@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from fairkv.report import analysis, verdicts
+from fairkv.studies import reading
 
 
 def _row(policy="streamingllm", variant="base", lam=1.0, order="normal", ratio=0.0, query="benign", key=1, **fields):
@@ -139,6 +140,18 @@ def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():
     assert verdicts.bootstrap_ci(pd.Series([0.3] * 5)) == pytest.approx((0.3, 0.3))
     with pytest.raises(analysis.AnalysisError, match="'prompt_strict'"):
         analysis.means(rows, "prompt_strict")
+
+
+def test_a_tables_cell_is_the_claims_estimate_of_the_same_setting():
+    """A table's cell (``means``) and a claim's estimate (``reading.values`` then ``verdicts.mean``) of one setting
+    read the prompts in the same order, so they are one interval: rows stored in another order than their keys (as a
+    store holds them) once gave 0.13 [0.09, 0.17] in a table and 0.13 [0.08, 0.17] in its claim (broken on purpose:
+    the rows left in stored order -> the intervals differ)."""
+    keys = [7, 2, 9, 0, 5, 3, 8, 1, 6, 4, 11, 10]
+    rows = pd.DataFrame([_row(query="attack", key=k, leak_directive=(k * 0.37) % 0.5) for k in keys])
+    cell = analysis.means(rows, "leak_directive").iloc[0]
+    claimed = verdicts.mean(reading.values(rows, "leak_directive", 0.0, query="attack"))
+    assert (cell["mean"], cell["low"], cell["high"]) == (claimed.value, claimed.low, claimed.high)
 
 
 def test_benign_flags_mark_only_benign_refusals_and_capped_answers():

@@ -166,6 +166,21 @@ def test_bias_ranks_presses_and_pattern_reads_both_orders():
         press_patterns.pattern(press_patterns.bias(rows[rows["order"] == "normal"]))
 
 
+def test_a_bias_within_the_balance_margin_is_no_side():
+    """A press whose bias lies above 0 in both orders, but within +-BALANCED_WITHIN in both (Random's +0.002
+    [+0.0007, +0.004] on the committed rows), is balanced, not "directive lost first in both orders"; one beyond the
+    margin in one order is inconclusive (broken on purpose: the sign read against 0 alone -> the first was the
+    directive's)."""
+    slight = {
+        ("slight", "normal"): [0.003 + 0.001 * (-1) ** k for k in range(N)],
+        ("slight", "flipped"): [0.01 + 0.001 * (-1) ** k for k in range(N)],
+        ("half", "normal"): [0.003 + 0.001 * (-1) ** k for k in range(N)],
+        ("half", "flipped"): [0.1 + 0.001 * (-1) ** k for k in range(N)],
+    }
+    patterns = press_patterns.pattern(press_patterns.bias(_frame(slight))).set_index("press")["pattern"]
+    assert patterns.to_dict() == {"slight": press_patterns.BALANCED, "half": "inconclusive"}
+
+
 STATED = {"late": "StreamingLLM", "early": "TOVA", "noisy": "K-Norm"}  # made-up presses under the stated presses' names
 
 

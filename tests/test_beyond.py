@@ -168,6 +168,7 @@ def _hand_worked_rows():
         [
             {
                 "key": k,
+                "query": f"attack:suite/{c}/first",
                 "category": c,
                 "variant": v,
                 "policy": "streamingllm",
@@ -239,6 +240,8 @@ def test_beyond_claims_hand_worked(monkeypatch):
     assert not changed, changed
     statuses = heads["status"].to_dict()
     assert statuses.pop(beyond.SMALLEST_SPAN_KEPT.id) == SANITY and set(statuses.values()) == {OURS}
+    # a prompt's value is the mean over its attack rows, one per attack: the count said is of attacks
+    assert heads.loc[beyond.REFUSAL_DROPPED.id, "ours"].endswith("(mean over the 2 attacks)")
     for claim in (beyond.SMALLEST_SPAN_KEPT, beyond.COMPLIANCE_RAISED):
         parts = table[(table["id"] == claim.id) & (table["part"] != "")]
         assert heads.loc[claim.id, "n"] == 10 and parts["part"].tolist() == ["N=2", "N=8"]

@@ -284,6 +284,19 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
         summary.write_summary(tmp_path, "t", 4, "")
 
 
+def test_a_sanity_check_has_no_family_wise_reading():
+    """The Bonferroni family counts the claims tested, sanity checks apart (``fairkv.studies.family``), so a sanity
+    check has no verdict at the family's level: a drop whose 95% interval lies below 0 and whose 99.9% interval
+    reaches past it changes there for a finding, never for a sanity check (broken on purpose: read for both -> the
+    sanity check's column said inconclusive)."""
+    drop = verdicts.mean(np.linspace(-0.16, 0.08, 20))  # [-0.07, -0.01] at 95%, [-0.08, +0.004] at 1 - 5% / 10
+    assert drop.high < 0.0 < drop.interval(claims.bonferroni_level(10))[1]
+    finding = one(claim(), Measured([Part("drop", drop)], "x", 20))
+    sanity = one(claim(status=claims.SANITY), Measured([Part("drop", drop)], "x", 20))
+    assert (finding["verdict"], finding["bonferroni"]) == (HOLDS, INCONCLUSIVE)
+    assert (sanity["verdict"], sanity["bonferroni"]) == (HOLDS, "")
+
+
 def test_a_verdict_within_decoding_noise_is_marked():
     """Decoding noise with per-cell changes of +-0.1 (sd 0.141): over 100 prompts of two settings a mean may move by
     2 x 0.141 x sqrt(2 / 100) = 0.04. A change whose lower end is 0.01 above its bound is marked; one 0.06 above is

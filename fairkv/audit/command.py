@@ -141,6 +141,11 @@ def _read(args) -> tuple[audit.Spec, list[str]]:
             check_ratio(ratio)
         if args.max_ratio is not None:
             check_ratio(args.max_ratio)
+            if not args.fail_on_leak:
+                raise audit.AuditError("--max-ratio bounds --fail-on-leak's cells: give it with --fail-on-leak")
+        for value, what in ((args.max_new_tokens, "max-new-tokens"), (args.batch_size, "batch-size")):
+            if value < 1:
+                raise audit.AuditError(f"--{what} {value}: give 1 or more")
         for given, what in ((args.ratios, "ratios"), (args.policies, "policies")):
             twice = sorted({f"{v:g}" if isinstance(v, float) else v for v in given if given.count(v) > 1})
             if twice:
@@ -216,7 +221,8 @@ def _confirmed(args, spec: audit.Spec) -> bool:
         ) from None
     if answer.strip().lower() in ("y", "yes"):
         return True
-    print("not audited: mark the spans with '## <name>' lines to split the prompt your way")
+    marked = any(line.startswith("## ") for line in _prompt_text(Path(args.prompt)).splitlines())
+    print("not audited" + ("" if marked else ": mark the spans with '## <name>' lines to split the prompt your way"))
     return False
 
 

@@ -57,11 +57,14 @@ def with_benign_flags(rows: pd.DataFrame) -> pd.DataFrame:
 
 def means(rows: pd.DataFrame, metric: str, by: list[str] | None = None) -> pd.DataFrame:
     """Mean of ``metric`` per setting (``by``, default SETTING) over prompts, with n and a 95% interval, the
-    claims' own (``verdicts.mean``: Wilson for 0/1 values, else a seeded percentile bootstrap)."""
+    claims' own (``verdicts.mean``: Wilson for 0/1 values, else a seeded percentile bootstrap), the prompts in the
+    order of their keys as a claim reads them (``reading.values``), so a table's cell and a claim's estimate of the
+    same setting are the same interval (a seeded bootstrap draws by position)."""
     by = by or SETTING
     picked = rows.dropna(subset=[metric]) if metric in rows else rows.iloc[:0]
     if picked.empty:
         raise AnalysisError(f"no rows carry {metric!r}")
+    picked = picked.sort_values("key", kind="stable") if "key" in picked else picked
     out = []
     for key, group in picked.groupby(by, sort=True):
         estimate = verdicts.mean(group[metric].to_numpy(dtype=float))

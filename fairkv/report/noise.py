@@ -20,6 +20,7 @@ import pandas as pd
 from fairkv.core.paths import results_dir
 
 FILE = Path("decoding_noise") / "comparison.csv"
+SENSITIVE = "sensitive to decoding noise"  # how a claim's noise column opens what its cells decoded again moved
 
 
 class NoiseError(ValueError):

@@ -150,8 +150,10 @@ def pattern(table: pd.DataFrame, identical: dict[str, str] | None = None) -> pd.
 
 
 def _sign(estimate: Estimate) -> int:
-    """+1 / -1 when the interval lies wholly above / below zero, else 0."""
-    return 1 if decide(estimate, above=0.0) == HOLDS else -1 if decide(estimate, below=0.0) == HOLDS else 0
+    """+1 / -1 when the interval lies wholly above / below zero and not wholly within +-``BALANCED_WITHIN`` of it (a
+    bias that small is none: a null decided with its margin), else 0."""
+    above = decide(estimate, above=0.0, margin=BALANCED_WITHIN) == HOLDS
+    return 1 if above else -1 if decide(estimate, below=0.0, margin=BALANCED_WITHIN) == HOLDS else 0
 
 
 def most_biased(

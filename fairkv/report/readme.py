@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import analysis, claims, coverage, mitigations, summary, verdicts
+from fairkv.report import claims, confounds, coverage, mitigations, summary, verdicts
+from fairkv.report.noise import SENSITIVE
 from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
@@ -78,8 +79,8 @@ def paper_claims(folder: Path, status: str = claims.FINDING) -> pd.DataFrame:
 
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
-    """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, magnitudes
-    that differ) and the likely reasons (``commonest``)."""
+    """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, those
+    ``sensitive`` to decoding noise, magnitudes that differ) and the likely reasons (``commonest``)."""
     holds = claims[claims["verdict"] == verdicts.HOLDS]
     fails = claims[claims["verdict"] == verdicts.FAILS]
     sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
@@ -91,11 +92,19 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
         f"- **Reproduces:** on {model}, {len(holds)} of the paper's {len(claims)} claims hold in direction ({items}).",
         f"- **Does not:** {len(fails)} fail ({'; '.join(fails['claim'])}), "
         f"{int((claims['verdict'] == verdicts.INCONCLUSIVE).sum())} are inconclusive, "
-        f"{int((claims['verdict'] == verdicts.UNTESTABLE).sum())} untestable here; in magnitude, of the {len(sized)} "
+        f"{int((claims['verdict'] == verdicts.UNTESTABLE).sum())} untestable here{sensitive(claims)}; in magnitude, "
+        f"of the {len(sized)} "
         f"claims the paper gives a number for, {len(matches)} match it, {len(differ)} differ and the rest are too "
         "uncertain to say.",
         f"- **Likely reason:** {said or 'none given'}.",
     ]
+
+
+def sensitive(claims: pd.DataFrame) -> str:
+    """How many of ``claims`` moved a verdict when their cells were decoded again (their noise column), and their
+    figures, in brackets; nothing when none did."""
+    moved = claims[claims.get("noise", pd.Series("", index=claims.index)).str.contains(SENSITIVE, regex=False)]
+    return f" ({len(moved)} {SENSITIVE}: {', '.join(moved['figure'])})" if len(moved) else ""
 
 
 BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
@@ -164,7 +173,8 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: 
 
 
 def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
-    """The paper's claims, one line each, in full: the claim's words, n and the whole why."""
+    """The paper's claims, one line each, in full: the claim's words, n, the whole why and what decoding noise does to
+    it (the column ``noise``: empty where its verdict lies beyond the noise's reach)."""
     rows = [
         {
             "notebook": row.notebook,
@@ -176,6 +186,7 @@ def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: cove
             "magnitude": row.magnitude,
             "mechanism": row.mechanism,
             "why": row.why,
+            "decoding noise": row.noise,
             "figure": _figure(row, folder, link_from, catalogue),
         }
         for row in claims.itertuples()
@@ -185,17 +196,17 @@ def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: cove
 
 def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
     """The bottom line in three sentences: what reproduces (the claims that hold, by figure), what does not (fails,
-    inconclusive, untestable; magnitudes; the mitigations judged on their mechanism) and why (the phrases the most
-    claims give, with their counts)."""
+    inconclusive, untestable, and how many verdicts moved when their cells were decoded again; magnitudes; the
+    mitigations judged on their mechanism) and why (the phrases the most claims give, with their counts)."""
     count = {verdict: int((claims["verdict"] == verdict).sum()) for verdict in verdicts.VERDICTS}
     sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
     judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
-
     return [
         f"**What reproduces:** on {model} ({n} prompts), {count[verdicts.HOLDS]} of the paper's {len(claims)} claims "
         f"hold in direction ({', '.join(dict.fromkeys(claims.loc[claims['verdict'] == verdicts.HOLDS, 'figure']))}).",
         f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
-        f"{count[verdicts.UNTESTABLE]} untestable here; of the {len(sized)} the paper gives a number for, "
+        f"{count[verdicts.UNTESTABLE]} untestable here{sensitive(claims)}; of the {len(sized)} the paper gives a "
+        "number for, "
         f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it and "
         f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation "
         "judged on their mechanism, "
@@ -216,49 +227,6 @@ def figures_at_full_width(folder: Path, link_from: Path, shown, catalogue: cover
     return out
 
 
-def _table(folder: Path, name: str) -> pd.DataFrame:
-    """A committed table (``tables/<name>.csv``) as text, as the notebook printed it."""
-    path = Path(folder) / "tables" / f"{name}.csv"
-    if not path.exists():
-        raise ReadmeError(f"{path} is missing: run the notebook that writes it before the README")
-    return pd.read_csv(path, keep_default_na=False, dtype=str)
-
-
-def _cell(folder: Path, name: str, row: dict, column: str) -> str:
-    """One cell of a committed table, the row picked by ``row``'s column values."""
-    frame = _table(folder, name)
-    for key, value in row.items():
-        frame = frame[frame[key] == value]
-    if len(frame) != 1 or column not in frame:
-        raise ReadmeError(f"{name}.csv has no single row {row} with a column {column!r}")
-    return str(frame[column].iloc[0])
-
-
-def confounds(folder: Path, profile: str) -> list[str]:
-    """What besides the claimed mechanism moves our numbers, each with its number from its table."""
-    grid = studies.PROFILES[profile]
-    cap = grid.benign_tokens or grid.max_new_tokens
-    refused = _cell(folder, "03_fig4_benign_refusals", {"policy": "streamingllm"}, "0.0")
-    shares = _table(folder, "03_fig4_capped").set_index("policy").loc["streamingllm"]
-    peak = max(shares.index, key=lambda r: float(shares[r].split()[0]))  # the ratio with the most capped answers
-    judge = _table(folder, "10_judge_calibration").iloc[0]
-    right = verdicts.Estimate(float(judge["accuracy"]), float(judge["low"]), float(judge["high"]), int(judge["n"]))
-    return [
-        f"- **Benign over-refusal.** Uncompressed, the model refuses {refused} of the benign IFEval queries "
-        "(`03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can rise under compression, and a "
-        "mitigation that restores the defense restores these refusals too (the mechanism is judged against them). "
-        "Accuracy claims print the share; the relative directive-followed claim reads non-refusals.",
-        f"- **The {cap}-token cap.** {shares['0.0']} of StreamingLLM's benign answers stop at the cap at r = 0, "
-        f"{shares[peak]} at r = {float(peak):g} (`03_fig4_capped`; the paper allows 1280): a capped answer fails "
-        f"IFEval's length checks. Accuracy claims say when that share moves by {analysis.CAP_DRIVES:g} or more.",
-        f"- **A self-judging small judge.** The judge is the audited model itself, right on "
-        f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "
-        f"{analysis.JUDGE_MIN_ACCURACY:g}, every claim resting on it is inconclusive.",
-        "- **ROUGE-L counts obeying a short directive as leakage.** An answer carrying the directive's phrase, as "
-        "asked, recalls part of it (the paper's metric too).",
-    ]
-
-
 def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, link_from: Path | None = None) -> str:
     """The README's results section for the tables in ``folder`` (links relative to ``link_from``, the README's
     folder; default the folder's grandparent, the repository root for ``figures/<profile>``); the paper's items from
@@ -268,6 +236,10 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
     found = paper_claims(folder)
     grid = studies.PROFILES[profile]
     details = coverage.link(link_from / DETAILS, link_from)
+    try:
+        known = confounds.said(folder, profile)
+    except confounds.ConfoundError as missing:
+        raise ReadmeError(str(missing)) from None
     return "\n".join(
         [
             " ".join(
@@ -287,7 +259,7 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             *figures_at_full_width(folder, link_from, KEY_FIGURES, catalogue),
             "### Known confounds",
             "",
-            *confounds(folder, profile),
+            *known,
         ]
     )
 

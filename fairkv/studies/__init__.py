@@ -22,7 +22,7 @@ import pandas as pd
 from fairkv.core import arithmetic
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
 from fairkv.report import claims, coverage, mitigations, summary
-from fairkv.report.noise import Noise
+from fairkv.report.noise import SENSITIVE, Noise
 from fairkv.runs import redecode
 from fairkv.runs import studies as machinery
 from fairkv.runs.fingerprint import code_fingerprint
@@ -32,7 +32,6 @@ from fairkv.runs.fingerprint import code_fingerprint
 ARITHMETIC = arithmetic.FIELD
 NOT_RECORDED = "not recorded"
 AGAIN = "decoded_again"  # a redecoded table's column: how many of a claim's cells were read decoded again
-SENSITIVE = "sensitive to decoding noise"
 REDONE = "decoded again ("  # how the noise column opens what a claim's cells decoded again gave
 MODULES = {  # notebook -> its study module
     "01": "degradation",
