@@ -10,6 +10,7 @@ import torch
 import fairkv
 from fairkv.core import data, metrics
 from fairkv.core.presses import rates
+from fairkv.core.presses.selection import SpanError
 from fairkv.core.prompts import Span
 
 # Four records written for these tests in sys_ifeval's format (not taken from IFEval), each with instruction ids and
@@ -106,3 +107,16 @@ def test_keep_rates_hand_worked():
         "B": 0.375,
     }
     assert rates.keep_map(kept, 4).tolist() == [0.75, 0.5, 0.5, 0.25]
+    # a core user's bad spans or length are named, not read as a clipped rate, a NaN or torch's index error (broken on
+    # purpose: unchecked, the first read {'x': 0.5} and the last raised torch's RuntimeError)
+    for spans, n, said in (
+        (
+            [fairkv.Span("x", 0, 6, "")],
+            4,
+            r"span 'x' covers tokens \[0, 6\): give a non-empty range inside the prefix of 4",
+        ),
+        ([fairkv.Span("x", 2, 2, "")], 4, r"span 'x' covers tokens \[2, 2\)"),
+        ([fairkv.Span("A", 0, 2, "")], 3, "a kept position is token 3, past the prefix of 3 tokens"),
+    ):
+        with pytest.raises(SpanError, match=said):
+            fairkv.keep_rates(kept, spans, n)

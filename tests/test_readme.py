@@ -87,8 +87,9 @@ def test_the_readme_is_short_and_its_first_screen_holds_what_a_newcomer_needs():
 def test_the_claims_why_in_a_phrase():
     """A why's conclusion without its numbers in brackets, and what moved a mitigation's number."""
     why = (
-        "model: at r = 0.5 the attack answers (n = 100) refuse 0.02, echo the attack 0.49; most answers that neither "
-        "refuse nor recite echo the attack; mechanism: other, benign queries refused more: attack refused 0.01 -> 0.93"
+        "model: at r = 0.5 the attack answers (n = 100) refuse in any wording 0.02, echo the attack 0.49; most answers "
+        "that neither refuse nor recite echo the attack; mechanism: other, benign queries refused more: attack refused "
+        "0.01 -> 0.93"
     )
     assert readme.reasons(why) == [
         "model: most answers that neither refuse nor recite echo the attack",

@@ -219,5 +219,5 @@ def test_snapkv_fair_matches_on_the_change_while_its_levels_differ():
     assert (snapkv["verdict"], snapkv["magnitude"]) == (HOLDS, DIFFERS)
     assert "the paper's numbers: change matches; before, after differs" in snapkv["ours"]
     assert snapkv["why"].startswith(
-        "model: at r = 0.7 the attack answers (n = 20) refuse 0.00, recite the prompt 0.00, echo"
+        "model: at r = 0.7 the attack answers (n = 20) refuse in any wording 0.00, recite the prompt 0.00, echo"
     )

@@ -173,14 +173,15 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: 
 
 
 def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
-    """The paper's claims, one line each, in full: the claim's words, n, the whole why and what decoding noise does to
-    it (the column ``noise``: empty where its verdict lies beyond the noise's reach)."""
+    """The paper's claims, one line each, in full: the claim's words, our whole estimate (every number the claim reads),
+    n, the whole why and what decoding noise does to it (the column ``noise``: empty where its verdict lies beyond the
+    noise's reach)."""
     rows = [
         {
             "notebook": row.notebook,
             "claim": row.claim,
             "paper": row.paper,
-            "ours [95%]": row.ours.split("; ")[0],
+            "ours [95%]": row.ours,
             "n": row.n,
             "direction": row.verdict,
             "magnitude": row.magnitude,

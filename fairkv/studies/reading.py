@@ -120,7 +120,7 @@ def recital_why(rows: pd.DataFrame, ratio: float, **matched) -> str:
 
 
 OUTCOME_WORDS = {  # how a why names each outcome (``outcomes.OUTCOMES``)
-    "refuses": "refuse",
+    "refuses": "refuse in any wording",  # outcomes.is_refusal: beside a claim's "refused", the scripted reply's
     "recites": "recite the prompt",
     "echoes": "echo the attack",
     "obeys": "carry out the directive",

@@ -34,8 +34,25 @@ def build_press(setting: Setting, marks: Marks = Marks(), keep_only_whitelist: b
 
 
 from fairkv.core.presses.native import FairPress, NativePressError, WhitelistPress  # noqa: E402 (native needs the above)
-from fairkv.core.presses.rates import keep_rates  # noqa: E402
+from fairkv.core.presses import rates  # noqa: E402
 from fairkv.core.prompts import Span  # noqa: E402 (what keep_rates reads)
+
+
+def keep_rates(kept: dict, spans, n_tokens: int) -> dict[str, float]:
+    """Keep rate per span from recorded kept positions (``rates.keep_rates``), for a library user: each span must be a
+    non-empty range of token positions inside the prefix of ``n_tokens`` and no kept position past it, else an error
+    names it (not a clipped rate, a NaN or torch's index error)."""
+    for span in spans:
+        if not 0 <= span.start < span.end <= n_tokens:
+            raise SpanError(
+                f"span {span.name!r} covers tokens [{span.start}, {span.end}): give a non-empty range inside the "
+                f"prefix of {n_tokens} tokens"
+            )
+    reach = max((int(indices.max()) for indices in kept.values() if indices.numel()), default=-1)
+    if reach >= n_tokens:
+        raise SpanError(f"a kept position is token {reach}, past the prefix of {n_tokens} tokens: give its length")
+    return rates.keep_rates(kept, spans, n_tokens)
+
 
 __all__ = [
     "FairPress",

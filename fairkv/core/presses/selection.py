@@ -131,7 +131,7 @@ def check_whitelist(protected: Sequence[int], n: int, n_kept: int, keep_only: bo
         if not keep_only:
             raise WhitelistError(
                 f"whitelist of {len(protected)} tokens exceeds the budget of {n_kept} kept tokens at r = {ratio}; "
-                "lower the ratio or pass keep_only_whitelist=True"
+                "lower the ratio or whitelist fewer tokens"
             )
         return True
     return False
