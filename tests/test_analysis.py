@@ -3,8 +3,10 @@
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from fairkv.report import analysis, verdicts
 from fairkv.studies import reading
@@ -125,6 +127,19 @@ def test_class_accuracy_normalised_and_spearman():
     bands = analysis.spearman_intervals(pd.concat([rows, kept], ignore_index=True), n_boot=100).set_index("ratio")
     assert bands.loc[0.5, "low"] == pytest.approx(-1.0) and bands.loc[0.5, "high"] == pytest.approx(1.0)
     assert math.isnan(bands.loc[0.5, "rho"])  # both prompts together: every class at 0.5, a constant ranking
+
+
+def test_rho_is_scipys_statistic_to_the_bit():
+    """``analysis.spearman``'s rank correlation is ``scipy.stats.spearmanr``'s statistic exactly (the bootstraps call
+    it thousands of times, so it skips scipy's per-call checks): on tied class accuracies as bootstraps draw them, and
+    NaN where fewer than 3 classes or a side is constant (broken on purpose: Pearson's r of the raw values -> differs)."""
+    rng = np.random.default_rng(0)
+    for size in range(3, 30):
+        x, y = rng.integers(0, 5, size) / 4, rng.integers(0, 7, size) / 6
+        if np.unique(x).size > 1 and np.unique(y).size > 1:
+            assert analysis._rank_correlation(x, y) == stats.spearmanr(x, y).statistic
+    assert math.isnan(analysis._rank_correlation(np.array([0.1, 0.2]), np.array([0.3, 0.1])))
+    assert math.isnan(analysis._rank_correlation(np.array([0.5] * 4), np.array([0.1, 0.2, 0.3, 0.4])))
 
 
 def test_means_use_wilson_for_rates_and_bootstrap_for_leakage():

@@ -179,6 +179,14 @@ def test_a_bias_within_the_balance_margin_is_no_side():
     }
     patterns = press_patterns.pattern(press_patterns.bias(_frame(slight))).set_index("press")["pattern"]
     assert patterns.to_dict() == {"slight": press_patterns.BALANCED, "half": "inconclusive"}
+    # an interval ending at the margin itself is within it, for the sign and for balanced alike
+    edge = pd.DataFrame(
+        [
+            {"press": "edge", "order": o, "bias": 0.019, "low": 0.018, "high": 0.02, "n": 20}
+            for o in ("normal", "flipped")
+        ]
+    )
+    assert press_patterns.pattern(edge)["pattern"].tolist() == [press_patterns.BALANCED]
 
 
 STATED = {"late": "StreamingLLM", "early": "TOVA", "noisy": "K-Norm"}  # made-up presses under the stated presses' names

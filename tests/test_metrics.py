@@ -116,7 +116,11 @@ def test_keep_rates_hand_worked():
             r"span 'x' covers tokens \[0, 6\): give a non-empty range inside the prefix of 4",
         ),
         ([fairkv.Span("x", 2, 2, "")], 4, r"span 'x' covers tokens \[2, 2\)"),
-        ([fairkv.Span("A", 0, 2, "")], 3, "a kept position is token 3, past the prefix of 3 tokens"),
+        ([fairkv.Span("A", 0, 2, "")], 3, "kept positions 0 to 3 lie outside the prefix.s tokens 0 to 2"),
+        ([], 4, "no spans to read keep rates of"),
+        ([(0, 2)], 4, r"\(0, 2\) is no span: give fairkv.Span"),
     ):
         with pytest.raises(SpanError, match=said):
             fairkv.keep_rates(kept, spans, n)
+    with pytest.raises(SpanError, match="kept positions -1 to 1 lie outside"):
+        fairkv.keep_rates({0: torch.tensor([[[-1, 1]]])}, [fairkv.Span("A", 0, 2, "")], 4)

@@ -163,6 +163,15 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
         "gives a number for, 1 match it, 2 differ and the rest are too uncertain to say."
     )
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claim)."
+    # a verdict that moved when its cells were decoded again is said in both bottom lines, its figure once (broken on
+    # purpose: the noise column not read -> no clause)
+    claims.loc[claims["claim"] == "c", "noise"] = "sensitive to decoding noise: decoded again (9 cells), verdict x -> y"
+    said = "; 1 verdict sensitive to decoding noise (Fig 8)"
+    assert readme.bottom_line(claims, "tiny")[1].startswith(
+        f"- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here{said}; in"
+    )
+    assert f"0 untestable here{said}; of the 3" in readme.in_brief(claims, "tiny", 10)[1]
+    claims.loc[claims["claim"] == "c", "noise"] = ""
     claims.loc[claims["claim"] == "b", ["mechanism", "why"]] = [
         verdicts.OTHER,
         "mechanism: other, refusal lowered: 0.9 -> 0.5 / the defense evicted: 0.4",

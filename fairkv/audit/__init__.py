@@ -33,6 +33,7 @@ from fairkv.audit.report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, Audit, mar
 from fairkv.audit.spans import (
     AuditError,
     Spec,
+    is_marked,
     mandated_phrases,
     parse,
     reply_pattern,
@@ -53,6 +54,7 @@ __all__ = [
     "Spec",
     "attack_fields",
     "default_attacks",
+    "is_marked",
     "mandated_phrases",
     "marked",
     "parse",

@@ -221,7 +221,7 @@ def _confirmed(args, spec: audit.Spec) -> bool:
         ) from None
     if answer.strip().lower() in ("y", "yes"):
         return True
-    marked = any(line.startswith("## ") for line in _prompt_text(Path(args.prompt)).splitlines())
+    marked = audit.is_marked(_prompt_text(Path(args.prompt)))
     print("not audited" + ("" if marked else ": mark the spans with '## <name>' lines to split the prompt your way"))
     return False
 

@@ -248,6 +248,11 @@ def _header(line: str) -> tuple[str, dict]:
     return match["name"], attributes
 
 
+def is_marked(text: str) -> bool:
+    """Whether the prompt marks its spans itself (a line opening with '## ')."""
+    return any(line.startswith("## ") for line in text.strip().splitlines())
+
+
 def parse(
     text: str, query: str | list[str] | None = None, defense: str | None = None, secrets: dict | None = None
 ) -> Spec:
@@ -261,7 +266,7 @@ def parse(
     for number, line in enumerate(text.splitlines(), start=1):
         if re.fullmatch(r"##\s*", line):
             raise AuditError(f"line {number}: a '##' line without a name (a span opens with '## <name>')")
-    if any(line.startswith("## ") for line in lines):
+    if is_marked(text):
         if not lines[0].startswith("## "):
             raise AuditError("marked prompt: text before the first '## <name>' line belongs to no span")
         segments, checks, replies, mandated, name, body = [], {}, [], [], None, []

@@ -377,7 +377,8 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
     """The claim's line (and one row per part, below it, when it has several): see the module's docstring."""
     verdict = direction(claim, measured)
     size, note = magnitude(claim, measured)
-    again = verdict if claim.status == SANITY else direction(claim, measured, bonferroni_level(family))  # not tested
+    tested = claim.status != SANITY  # a sanity check is outside the Bonferroni family
+    again = direction(claim, measured, bonferroni_level(family)) if tested else verdict
     ours = measured.ours
     if verdict == verdicts.FAILS and _null(claim, measured):
         ours += f"; no effect, within +-{claim.margin:g}"

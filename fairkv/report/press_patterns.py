@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fairkv.core.presses import get_policy
-from fairkv.report.verdicts import HOLDS, INCONCLUSIVE, Estimate, decide, mean
+from fairkv.report.verdicts import HOLDS, INCONCLUSIVE, Estimate, decide, is_null, mean
 from fairkv.runs import atlas
 
 BIAS_RATIO = 0.5
@@ -140,8 +140,7 @@ def pattern(table: pd.DataFrame, identical: dict[str, str] | None = None) -> pd.
         normal, flipped = by_order["normal"], by_order["flipped"]
         signs = tuple(_sign(e) for e in (normal, flipped))
         label = {(-1, 1): LATER, (1, -1): EARLIER, (-1, -1): DEFENSE, (1, 1): DIRECTIVE}.get(signs, INCONCLUSIVE)
-        balanced = (decide(e, above=-BALANCED_WITHIN, below=BALANCED_WITHIN) == HOLDS for e in (normal, flipped))
-        if label == INCONCLUSIVE and all(balanced):
+        if label == INCONCLUSIVE and all(is_null(e, 0.0, BALANCED_WITHIN) for e in (normal, flipped)):
             label = BALANCED
         if str(press) in identical:
             label = copy_of(identical[str(press)])
@@ -151,7 +150,7 @@ def pattern(table: pd.DataFrame, identical: dict[str, str] | None = None) -> pd.
 
 def _sign(estimate: Estimate) -> int:
     """+1 / -1 when the interval lies wholly above / below zero and not wholly within +-``BALANCED_WITHIN`` of it (a
-    bias that small is none: a null decided with its margin), else 0."""
+    bias that small is none: a null decided with its margin, ``is_null``, as ``BALANCED`` reads it), else 0."""
     above = decide(estimate, above=0.0, margin=BALANCED_WITHIN) == HOLDS
     return 1 if above else -1 if decide(estimate, below=0.0, margin=BALANCED_WITHIN) == HOLDS else 0
 

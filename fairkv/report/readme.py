@@ -101,10 +101,12 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
 
 
 def sensitive(claims: pd.DataFrame) -> str:
-    """How many of ``claims`` moved a verdict when their cells were decoded again (their noise column), and their
-    figures, in brackets; nothing when none did."""
-    moved = claims[claims.get("noise", pd.Series("", index=claims.index)).str.contains(SENSITIVE, regex=False)]
-    return f" ({len(moved)} {SENSITIVE}: {', '.join(moved['figure'])})" if len(moved) else ""
+    """A clause saying how many of ``claims`` moved a verdict when their cells were decoded again (their noise
+    column), and their figures; nothing when none did."""
+    moved = claims[claims["noise"].str.contains(SENSITIVE, regex=False, na=False)]
+    verdicts_said = "verdict" if len(moved) == 1 else "verdicts"
+    figures = ", ".join(dict.fromkeys(moved["figure"]))
+    return f"; {len(moved)} {verdicts_said} {SENSITIVE} ({figures})" if len(moved) else ""
 
 
 BRACKETS = r" ?(\([^()]*\)|\[[^\[\]]*\])"  # a bracketed group holding no other
@@ -175,7 +177,7 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: 
 def in_full(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The paper's claims, one line each, in full: the claim's words, our whole estimate (every number the claim reads),
     n, the whole why and what decoding noise does to it (the column ``noise``: empty where its verdict lies beyond the
-    noise's reach)."""
+    noise's reach, or the profile has no measure of it)."""
     rows = [
         {
             "notebook": row.notebook,
@@ -253,7 +255,8 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
             "number +- a tolerance): matches, differs, too uncertain, n.a.; mechanism (a mitigation, against the "
-            f"uncompressed model): the paper's, partly, other, inconclusive. The rules and more: {details}.",
+            f"uncompressed model): the paper's, partly, other, inconclusive; n: the prompts (timings: rounds). The rules "
+            f"and more: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",

@@ -39,18 +39,23 @@ from fairkv.core.prompts import Span  # noqa: E402 (what keep_rates reads)
 
 
 def keep_rates(kept: dict, spans, n_tokens: int) -> dict[str, float]:
-    """Keep rate per span from recorded kept positions (``rates.keep_rates``), for a library user: each span must be a
-    non-empty range of token positions inside the prefix of ``n_tokens`` and no kept position past it, else an error
-    names it (not a clipped rate, a NaN or torch's index error)."""
+    """Keep rate per span from recorded kept positions (``rates.keep_rates``), for a library user: at least one span,
+    each a ``Span`` over a non-empty range of token positions inside the prefix of ``n_tokens``, and every kept
+    position inside it, else an error names it (not a clipped rate, a NaN or torch's index error)."""
+    if not spans:
+        raise SpanError("no spans to read keep rates of: give fairkv.Span(name, start, end, text) for each")
     for span in spans:
+        if not isinstance(span, Span):
+            raise SpanError(f"{span!r} is no span: give fairkv.Span(name, start, end, text) (token positions)")
         if not 0 <= span.start < span.end <= n_tokens:
             raise SpanError(
                 f"span {span.name!r} covers tokens [{span.start}, {span.end}): give a non-empty range inside the "
                 f"prefix of {n_tokens} tokens"
             )
-    reach = max((int(indices.max()) for indices in kept.values() if indices.numel()), default=-1)
-    if reach >= n_tokens:
-        raise SpanError(f"a kept position is token {reach}, past the prefix of {n_tokens} tokens: give its length")
+    given = [indices for indices in kept.values() if indices.numel()]
+    low, high = min((int(i.min()) for i in given), default=0), max((int(i.max()) for i in given), default=-1)
+    if low < 0 or high >= n_tokens:
+        raise SpanError(f"kept positions {low} to {high} lie outside the prefix's tokens 0 to {n_tokens - 1}")
     return rates.keep_rates(kept, spans, n_tokens)
 
 

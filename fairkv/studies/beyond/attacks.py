@@ -1,5 +1,5 @@
 """Notebook 11, many attacks: RaccoonBench's attack categories beside the Plain attack of Pitfalls 3-4 and Figs 8-9 (the
-paper has one attack query). The claims pool the attack categories at the largest ratio run."""
+paper has one attack query). The claims pool the attacks (one per suite and category) at the largest ratio run."""
 
 from __future__ import annotations
 
@@ -112,7 +112,8 @@ def _rising_categories(frame: pd.DataFrame, top: float) -> float:
 
 
 def measure(attacked: pd.DataFrame) -> dict[str, Measured]:
-    """The many-attacks claims, at the largest ratio run, the means over the attack categories."""
+    """The many-attacks claims, at the largest ratio run: per prompt, the mean over its attack rows (every attack,
+    and every order the profile runs)."""
     r = float(attacked["ratio"].max())
     categories = attacked["category"].nunique()
     attacks = attacked["query"].nunique()  # each prompt's value is the mean over these (categories recur across suites)
