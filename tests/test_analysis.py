@@ -132,7 +132,8 @@ def test_class_accuracy_normalised_and_spearman():
 def test_rho_is_scipys_statistic_to_the_bit():
     """``analysis.spearman``'s rank correlation is ``scipy.stats.spearmanr``'s statistic exactly (the bootstraps call
     it thousands of times, so it skips scipy's per-call checks): on tied class accuracies as bootstraps draw them, and
-    NaN where fewer than 3 classes or a side is constant (broken on purpose: Pearson's r of the raw values -> differs)."""
+    NaN where fewer than 3 classes or a side is constant (broken on purpose: Pearson's r of the raw values ->
+    differs)."""
     rng = np.random.default_rng(0)
     for size in range(3, 30):
         x, y = rng.integers(0, 5, size) / 4, rng.integers(0, 7, size) / 6

@@ -246,7 +246,8 @@ def live_dtype(dtype: str, device: torch.device | str | None = None) -> str:
     """The precision to run at where nothing is stored (the quickstart's one prompt, the tests' checks of a model's
     behaviour): float32 in place of bfloat16 where ``device`` (None: the CPU) has no bfloat16 arithmetic
     (``bfloat16_arithmetic``), where it gives the same attack answers uncompressed (the fidelity gate,
-    ``benchmarks/precision_gate.py``; compressed, some refusals differ) several times faster; else ``dtype``. A stored row is always computed at the precision its grid names."""
+    ``benchmarks/precision_gate.py``; compressed, some refusals differ) several times faster; else ``dtype``. A
+    stored row is always computed at the precision its grid names."""
     return "float32" if dtype == "bfloat16" and not bfloat16_arithmetic(device) else dtype
 
 

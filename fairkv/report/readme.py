@@ -2,12 +2,12 @@
 
 ``section`` reads a figures folder (``figures/<profile>/``: the notebooks' paper-vs-us tables and the tables the
 confounds quote) and returns the README's part: the bottom line in three sentences (what reproduces, what does not,
-why), the paper's claims one line each (claim | paper | ours [95%] | n | direction | magnitude | mechanism | why, in
-a phrase | figure), the three figures that show the pitfall and its mechanism best at full width, and the known
-confounds, each number from its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line
-in full with where each mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with
-its whole why, the paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the first
-between the README's markers and writes the second; ``fairkv reproduce`` calls it for the profile the README shows
+why), the paper's claims one line each (claim | paper | ours [95%] | n | direction | magnitude | mechanism | why, in a
+phrase | figure), the three figures that show the pitfall and its mechanism best at full width, and the known confounds,
+each number from its table. ``details`` returns ``docs/results.md``: the profile's settings, the bottom line in full
+with where each mitigation helps and where it hurts (``fairkv.report.mitigations``), every claim in full with its whole
+why, the paper's figures and the coverage of every figure and table (``fairkv.report.coverage``). ``write`` puts the
+first between the README's markers and writes the second; ``fairkv reproduce`` calls it for the profile the README shows
 (``PROFILE``), and a test compares both with what the committed tables give, so no number in them can drift.
 """
 
@@ -255,8 +255,8 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
             "number +- a tolerance): matches, differs, too uncertain, n.a.; mechanism (a mitigation, against the "
-            f"uncompressed model): the paper's, partly, other, inconclusive; n: the prompts (timings: rounds). The rules "
-            f"and more: {details}.",
+            "uncompressed model): the paper's, partly, other, inconclusive; n: the prompts (timings: rounds). The "
+            f"rules and more: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",

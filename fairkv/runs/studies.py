@@ -61,8 +61,9 @@ PROFILES: dict[str, experiment.Grid] = {
         dtype="bfloat16",
         batch_size=128,
         note="Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores (the fidelity gate of benchmarks/precision_gate.py: "
-        "uncompressed, the same attack answers as float32; compressed, some refusals differ); what each study of notebooks 01-07 computes is in the table below, read from its "
-        "declaration (08, 11 and 12 print theirs; the paper's scale: the paper profile)",
+        "uncompressed, the same attack answers as float32; compressed, some refusals differ); what each study of "
+        "notebooks 01-07 computes is in the table below, read from its declaration (08, 11 and 12 print theirs; the "
+        "paper's scale: the paper profile)",
     ),
     "paper": experiment.Grid(
         model="meta-llama/Llama-3.1-8B-Instruct",
