@@ -23,6 +23,11 @@ FILE = Path("decoding_noise") / "comparison.csv"
 SENSITIVE = "sensitive to decoding noise"  # how a claim's noise column opens what its cells decoded again moved
 
 
+def sensitive(column: pd.Series) -> pd.Series:
+    """Which claims' noise column (a table's ``noise``) says decoding their cells again moved a verdict."""
+    return column.str.contains(SENSITIVE, regex=False, na=False)
+
+
 class NoiseError(ValueError):
     """A comparison the noise cannot be read from."""
 

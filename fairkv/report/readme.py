@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import claims, confounds, coverage, mitigations, summary, verdicts
+from fairkv.report import claims, confounds, coverage, mitigations, noise, summary, verdicts
 from fairkv.report.noise import SENSITIVE
 from fairkv.runs import studies
 
@@ -103,7 +103,7 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
 def sensitive(claims: pd.DataFrame) -> str:
     """A clause saying how many of ``claims`` moved a verdict when their cells were decoded again (their noise
     column), and their figures; nothing when none did."""
-    moved = claims[claims["noise"].str.contains(SENSITIVE, regex=False, na=False)]
+    moved = claims[noise.sensitive(claims["noise"])]
     verdicts_said = "verdict" if len(moved) == 1 else "verdicts"
     figures = ", ".join(dict.fromkeys(moved["figure"]))
     return f"; {len(moved)} {verdicts_said} {SENSITIVE} ({figures})" if len(moved) else ""

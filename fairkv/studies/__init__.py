@@ -23,6 +23,7 @@ from fairkv.core import arithmetic
 from fairkv.core.paths import REDECODED_FOLDER, figures_dir, redecoded
 from fairkv.report import claims, coverage, mitigations, summary
 from fairkv.report.noise import SENSITIVE, Noise
+from fairkv.report.noise import sensitive as moved_by_noise
 from fairkv.runs import redecode
 from fairkv.runs import studies as machinery
 from fairkv.runs.fingerprint import code_fingerprint
@@ -325,7 +326,7 @@ def recomputed(folder: Path) -> str:
     said = heads[heads["noise"].str.startswith(claims.MECHANISM_NOISE) & ~heads["id"].map(cells)]
     marked = heads[(heads["noise"] != "") & ~heads["id"].isin(said["id"])]
     again = marked[marked["noise"].str.contains(REDONE, regex=False)]
-    sensitive = marked[marked["noise"].str.contains(f"; {SENSITIVE}", regex=False)]
+    sensitive = marked[moved_by_noise(marked["noise"])]
     left = sorted(set(marked["id"]) - set(again["id"]))
     return (
         f"Of the {len(marked)} claims marked, {len(again)} {'was' if len(again) == 1 else 'were'} recomputed from "
