@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairkv.core import metrics, models, prompts
+from fairkv.core import data, metrics, models, prompts
 from fairkv.core.prompts import PAPER_PREFIX, WHITELIST_PHRASE, PromptError
 
 
@@ -95,6 +95,20 @@ def test_no_defense_template_has_one_span(tokenizer, records, templates):
     prompt = prompts.paper_prompt(tokenizer, records[0], templates, template="no_defense")
     assert [s.name for s in prompt.spans] == ["directive"] and prompt.protected == ()
     check_partition(prompt)
+
+
+def test_the_neutral_template_is_the_standard_defenses_length_on_the_cpu_model():
+    """The positive control's prompt (issue 82): neutral text in the defense's place puts every token of the 100 leakage
+    prompts where the standard defense puts it on Qwen2.5-Coder-1.5B (the same spans, start and end), so a policy evicts
+    as it does under the defense; it holds no whitelist phrase and no scripted reply, and its "defense" is the text."""
+    tokenizer, templates = load_tokenizer("qwen2.5-coder-1.5b"), data.load_defense_templates()
+    for record in data.load_records("sys_ifeval_shuffled")[:100]:
+        standard = prompts.paper_prompt(tokenizer, record, templates, "normal")
+        neutral = prompts.paper_prompt(tokenizer, record, templates, template=prompts.NEUTRAL_TEMPLATE)
+        assert [(s.name, s.start, s.end) for s in neutral.spans] == [(s.name, s.start, s.end) for s in standard.spans]
+        assert neutral.protected == () and neutral.references["defense"] == prompts.NEUTRAL_TEXT.strip()
+        check_partition(neutral)
+    assert prompts.SCRIPTED_REPLY not in prompts.NEUTRAL_TEXT and "DISCLOSE" not in prompts.NEUTRAL_TEXT
 
 
 @pytest.mark.parametrize("n_spans", [3, 5])

@@ -157,7 +157,8 @@ def paper_attack() -> Attack:
 
 def load_defense_templates() -> dict[str, str]:
     """Defense templates by name; each holds ``$system_prompt`` where the system content goes: RaccoonBench's, and the
-    standard defense with its operative sentence moved to its start or end (``prompts.MOVED_TEMPLATES``)."""
+    standard defense with its operative sentence moved to its start or end (``prompts.MOVED_TEMPLATES``), and the
+    neutral text of the same length in its place (``prompts.NEUTRAL_TEMPLATE``, the positive control)."""
     path = data_file("raccoon/defense_template.json")
     try:
         templates = json.loads(path.read_text(encoding="utf-8"))
@@ -167,4 +168,5 @@ def load_defense_templates() -> dict[str, str]:
     return {
         **templates,
         **{name: prompts.operative_moved(standard, at) for name, at in prompts.MOVED_TEMPLATES.items()},
+        prompts.NEUTRAL_TEMPLATE: prompts.NEUTRAL_TEXT + prompts.PLACEHOLDER,
     }
