@@ -271,7 +271,7 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     restores = heads.loc[atlas_study.WHITELIST_RESTORES.id, "ours"]
     assert restores.startswith("whitelist - base SnapKV +0.85") and "KeyDiff +0.00" in restores
     assert "LagKV: identical to StreamingLLM, not counted" in restores
-    # on 20 prompts, 0.95 against the uncompressed 1.00 is a rise whose return to within CLOSE_MARGIN of the
+    # on 20 prompts, 0.95 against the uncompressed 1.00 is a rise whose return to within RATE_MARGIN of the
     # uncompressed level is undecided (and the attack side alone cannot say what the whitelist costs benign queries)
     assert heads.loc[atlas_study.WHITELIST_RESTORES.id, "mechanism"] == verdicts.INCONCLUSIVE
     assert f"SnapKV inconclusive ({mechanism.RAISED})" in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]

@@ -43,7 +43,7 @@ def rows(
     [
         # restored to the uncompressed level, benign refusals back to the uncompressed model's (above the base's)
         (
-            {UNCOMPRESSED: 97, "base": 0, "fair": 93},
+            {UNCOMPRESSED: 97, "base": 0, "fair": 97},
             {UNCOMPRESSED: 38, "base": 1, "fair": 36},
             PAPERS,
             mechanism.RESTORED,
@@ -55,9 +55,9 @@ def rows(
             OTHER,
             mechanism.OVER_REFUSAL,
         ),
-        # benign refusals 0.06 above the uncompressed model's: an interval across the margin
+        # benign refusals 0.08 above the uncompressed model's: an interval across the margin
         (
-            {UNCOMPRESSED: 97, "base": 0, "fair": 93},
+            {UNCOMPRESSED: 97, "base": 0, "fair": 97},
             {UNCOMPRESSED: 38, "base": 1, "fair": 46},
             INCONCLUSIVE,
             f"{mechanism.RESTORED}, {mechanism.PRICE_UNDECIDED}",
@@ -90,10 +90,11 @@ def rows(
             PAPERS,
             mechanism.KEPT,
         ),
-        ({UNCOMPRESSED: 97, "base": 0, "fair": 93}, None, INCONCLUSIVE, f"{mechanism.RESTORED}, {mechanism.NOT_RUN}"),
-        # 0.90 against 0.97: whether to within the margin is undecided, the rise is not
+        ({UNCOMPRESSED: 97, "base": 0, "fair": 97}, None, INCONCLUSIVE, f"{mechanism.RESTORED}, {mechanism.NOT_RUN}"),
+        # the issue's case (StreamingLLM + whitelist at r = 0.6): 0.93 against 0.97, whether to within the one margin of
+        # a refusal rate (0.05) is undecided on 100 prompts, the rise is not
         (
-            {UNCOMPRESSED: 97, "base": 0, "fair": 90},
+            {UNCOMPRESSED: 97, "base": 0, "fair": 93},
             {UNCOMPRESSED: 38, "base": 1, "fair": 38},
             INCONCLUSIVE,
             mechanism.RAISED,
@@ -108,10 +109,10 @@ def rows(
     ],
 )
 def test_the_paper_s_mechanism_is_judged_against_the_uncompressed_model(refused, benign, verdict, because):
-    """The issue's case first (StreamingLLM + whitelist at r = 0.6: refused 0.01 -> 0.93 against 0.97 uncompressed,
-    benign refused 0.01 -> 0.36 against 0.38): the paper's, though the benign refusals rose by 0.35 over the
-    compressed base's; then each other situation of the rule (broken on purpose: the benign price read against the
-    compressed base -> the first case read other)."""
+    """The refusal restored to the uncompressed level with the benign refusals back at the uncompressed model's
+    (0.01 -> 0.36 against 0.38): the paper's, though the benign refusals rose by 0.35 over the compressed base's; then
+    each other situation of the rule (broken on purpose: the benign price read against the compressed base -> the
+    first case read other)."""
     found = mechanism.read(rows(refused, benign), "fair", 0.5, "streamingllm")
     assert (found.verdict, found.because) == (verdict, because)
     assert found.said.startswith(
@@ -232,14 +233,14 @@ def committed():
 
 
 def test_on_the_committed_rows_against_the_uncompressed_model(committed):
-    """What the issue's recount found, from the committed rows: the whitelist restores StreamingLLM's refusal at
-    r = 0.6 (0.01 -> 0.93, uncompressed 0.97) with benign refusals back at the uncompressed model's (0.36 against
-    0.38): the paper's; K-Norm's whitelist refuses benign queries far beyond it; fair StreamingLLM at r = 0.5 restores
+    """What the issue's recount found, from the committed rows: the whitelist raises StreamingLLM's refusal at r = 0.6
+    (0.01 -> 0.93, uncompressed 0.97), but whether back to the uncompressed level is undecided on 100 prompts (-0.04
+    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82); K-Norm's whitelist refuses benign queries far beyond it; fair StreamingLLM at r = 0.5 restores
     no refusal while its directive keep rate halves (the directive evicted); in the flipped order, where the base
     refuses every attack, fair eviction refuses none while the defense's keep rate falls (the defense evicted)."""
     normal, flipped = committed
     whitelist = mechanism.read(normal, "whitelist", 0.6, "streamingllm")
-    assert (whitelist.verdict, whitelist.because) == (PAPERS, mechanism.RESTORED)
+    assert (whitelist.verdict, whitelist.because) == (INCONCLUSIVE, mechanism.RAISED)
     assert whitelist.said.startswith("attack refused 0.01 -> 0.93 (uncompressed 0.97")
     knorm = mechanism.read(normal, "whitelist", 0.5, "knorm")
     assert (knorm.verdict, knorm.because) == (OTHER, mechanism.OVER_REFUSAL)

@@ -160,7 +160,17 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
     assert lines[1] == (
         "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 claims the paper "
-        "gives a number for, 1 match it, 2 differ and the rest are too uncertain to say."
+        "gives a number for, 1 match it, 2 differ, 0 lie above this model's ceiling (untestable here) and the rest are "
+        "too uncertain to say."
+    )
+    above = claims.assign(magnitude=claims["magnitude"].replace(verdicts.NOT_APPLICABLE, verdicts.UNTESTABLE))
+    assert (
+        "of the 4 claims the paper gives a number for, 1 match it, 2 differ, 1 lie above"
+        in (readme.bottom_line(above, "tiny")[1])
+    )
+    assert (
+        "of the 4 the paper gives a number for, 1 match it, 2 differ and 1 lie above this model's ceiling"
+        in (readme.in_brief(above, "tiny", 10)[1])
     )
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claim)."
     # a verdict that moved when its cells were decoded again is said in both bottom lines, its figure once (broken on
@@ -207,7 +217,8 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
     cpu = summary.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
         "**What we see** on qwen (cpu profile, n = 100 prompts): the paper's claims: 3 claims, in direction 1 holds, 1 fails, "
-        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 2 n.a.; mechanism "
+        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 0 untestable here, 2 n.a.; "
+        "mechanism "
         "of the 1 judged on it: 0 the paper's, 0 partly the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
         "Holds: a.",
         "Fails: c (model: other ranking).",
@@ -217,6 +228,16 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
         "a: other, benign queries refused more.",
         "Sanity checks (true on any model by construction, not counted): e: holds.",
     ]
+    # d's number above this model's ceiling: said apart, with the paper's number and the ceiling (broken on purpose:
+    # the magnitude not read -> no such paragraph)
+    claims.loc[claims["claim"] == "d", ["magnitude", "why"]] = [
+        verdicts.UNTESTABLE,
+        f"ceiling: peak: the paper's 0.50, this model's ceiling 0.13 [0.09, 0.17]; {claim_lines.ABOVE_CEILING}",
+    ]
+    assert (
+        "Above what this model reaches (its positive controls), so untestable in magnitude: d (peak: the paper's 0.50, "
+        "this model's ceiling 0.13 [0.09, 0.17])."
+    ) in summary.closing(claims, "qwen", "cpu", 100).split("\n\n")
     ci = summary.closing(claims, "smol", "ci", 2, note="SYNTHETIC data (pipeline check)").split("\n\n")
     assert ci[0] == "SYNTHETIC data (pipeline check)" and ci[2].startswith("At the `ci` profile")
     assert not any("pipeline, not the science" in line for line in cpu)

@@ -83,7 +83,7 @@ def test_whitelist_claims_on_hand_built_rows():
         assert (row["verdict"], row["magnitude"], row["n"]) == (HOLDS, MATCHES, 20), claim.id
         assert row["paper"] == claim.paper_text and str(claim.numbers["before"]) in row["paper"]
         # the refusal raised (0 -> 1, as uncompressed), no benign query refused; yet over 20 prompts the interval of
-        # the refusal against the uncompressed model's (+0.00 [-0.16, +0.16]) reaches past CLOSE_MARGIN: undecided
+        # the refusal against the uncompressed model's (+0.00 [-0.16, +0.16]) reaches past RATE_MARGIN: undecided
         assert row["mechanism"] == verdicts.INCONCLUSIVE, claim.id
         assert f"{mechanism.RAISED}: attack refused 0.00 -> 1.00 (uncompressed 1.00" in row["why"], claim.id
     refusing = claims.loc[whitelist.KEEPS_REFUSING.id]

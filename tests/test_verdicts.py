@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from fairkv.report import claims, summary, verdicts
+from fairkv.report import claims, readme, situations, summary, verdicts
 from fairkv.report.claims import Claim, Measured, Number, Part
 from fairkv.report.noise import Noise
 from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE, Estimate
@@ -385,7 +387,7 @@ def test_several_statistics_over_the_same_draws_equal_each_alone():
 
 
 def _situation_examples():
-    """A hand-built claim and measurement for each row of ``claims.SITUATIONS``, by its name's first words."""
+    """A hand-built claim and measurement for each row of ``situations.SITUATIONS``, by its name's first words."""
     from fairkv.report.claims import Claim, Measured, Part
 
     drop = Claim("x.drop", "Fig 9", "lowers", "lower", below=0.0, region="a drop", margin=0.05, null="small")
@@ -402,6 +404,16 @@ def _situation_examples():
         "a drop or a restoration": one(drop, est(0.0, -0.01, 0.01), untestable="nothing to lower"),
         "a level claimed above a bar": one(level, est(0.28, 0.2, 0.37), untestable="wholly below the bar"),
         "a cost the paper's implementation": one(rise, est(0.0, -0.04, 0.05), untestable="no second pass"),
+        "the paper's number lies wholly above": (
+            Claim(**{**rise.__dict__, "id": "x.peak", "numbers": {"peak": claims.Number(0.5, "leakage")}}),
+            Measured(
+                [Part("part", est(0.1, 0.05, 0.15))],
+                "",
+                100,
+                {"peak": est(0.1, 0.05, 0.15)},
+                ceilings={"peak": est(0.2, 0.15, 0.25)},
+            ),
+        ),
         "the interval straddles": one(drop, est(-0.05, -0.15, 0.05)),
         "a statistic undefined": one(rise, est(float("nan"), float("nan"), float("nan"), method="bootstrap")),
         "a bootstrap over fewer": one(rise, est(0.5, 0.4, 0.6, n=4, method="bootstrap")),
@@ -410,16 +422,17 @@ def _situation_examples():
 
 
 def test_every_situation_gets_its_one_label():
-    """Issue 66 item 5: each row of ``claims.SITUATIONS`` (printed in docs/results.md), on a hand-built claim, reads the
-    table's label through the one function every page's verdicts come from (``claims.direction``); every row has its
-    example (broken on purpose: a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
+    """Issue 66 item 5: each row of ``situations.SITUATIONS`` (printed in docs/results.md), on a hand-built claim, reads
+    the table's label through the one function every page's verdicts come from (``claims.direction``, or
+    ``claims.magnitude`` for a row on magnitude: issue 82's ceiling); every row has its example (broken on purpose: a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
     from fairkv.report import claims
 
     examples = _situation_examples()
-    for situation in claims.SITUATIONS:
+    for situation in situations.SITUATIONS:
         (key,) = [k for k in examples if situation.name.startswith(k)]
         claim, measured = examples.pop(key)
-        assert claims.direction(claim, measured) == situation.label, situation.name
+        read = claims.magnitude(claim, measured)[0] if situation.verdict == "magnitude" else None
+        assert (read or claims.direction(claim, measured)) == situation.label, situation.name
     assert not examples
 
 
@@ -448,3 +461,44 @@ def test_an_inconclusive_claim_says_from_its_rows_which_situation_left_it_undeci
     straddling = claims.Measured([claims.Part("part", verdicts.Estimate(0.45, 0.4, 0.55, 100, "newcombe"))], "", 100)
     assert "straddles 0.50" in claims.line(level, straddling, family=1)[0]["why"]
     assert claims.line(*examples["the interval lies wholly inside"], family=1)[0]["why"] == ""
+
+
+def test_a_papers_number_above_this_models_ceiling_is_untestable_not_differs():
+    """Issue 82: leakage of 0.12 [0.09, 0.16] against the paper's 0.50 to 0.55 differs, unless the positive control
+    shows this model reaches no more than 0.21 [0.17, 0.25]: then the paper's number is untestable here. A ceiling that
+    reaches the paper's lowest value leaves the comparison as it was; for a change, its smallest size is compared."""
+    ours, reached = Estimate(0.12, 0.09, 0.16, 100), Estimate(0.21, 0.17, 0.25, 100)
+    assert verdicts.magnitude(ours, (0.50, 0.55), "leakage") == verdicts.DIFFERS
+    assert verdicts.magnitude(ours, (0.50, 0.55), "leakage", reached) == verdicts.UNTESTABLE
+    assert verdicts.magnitude(ours, (0.50, 0.55), "leakage", Estimate(0.6, 0.5, 0.7, 100)) == verdicts.DIFFERS
+    assert verdicts.magnitude(ours, (0.30, 0.35), "leakage", reached) == verdicts.UNTESTABLE
+    assert verdicts.magnitude(ours, 0.25, "leakage", reached) == verdicts.TOO_UNCERTAIN  # 0.25: within 0.17-0.25
+    change = Estimate(-0.08, -0.12, -0.04, 100)
+    assert verdicts.magnitude(change, (-0.40, -0.35), "difference", reached) == verdicts.UNTESTABLE
+    assert verdicts.magnitude(change, (-0.20, -0.10), "difference", reached) == verdicts.MATCHES
+    assert verdicts.magnitude(change, (-0.05, 0.30), "difference", Estimate(0.0, 0.0, 0.01, 100)) == verdicts.MATCHES
+    few = Estimate(0.21, 0.17, 0.25, 5)  # a bootstrap over five prompts: no interval, no ceiling
+    assert verdicts.magnitude(ours, (0.50, 0.55), "leakage", few) == verdicts.DIFFERS
+    assert verdicts.all_magnitudes([verdicts.DIFFERS, verdicts.UNTESTABLE]) == verdicts.UNTESTABLE
+    assert verdicts.all_magnitudes([verdicts.MATCHES, verdicts.UNTESTABLE]) == verdicts.UNTESTABLE
+
+
+def test_a_claims_line_above_this_models_ceiling():
+    """The before -> after claim whose levels differ (before 0.12 against the paper's 0.50) reads untestable here in
+    magnitude once the model's ceiling at that setting is 0.21 [0.17, 0.25]: its why names the number and the ceiling,
+    and the README's phrase for it is the ceiling's conclusion; the direction is read as before."""
+    change = Estimate(-0.08, -0.12, -0.04, 100)
+    sizes = {"before": Estimate(0.12, 0.08, 0.16, 100), "after": Estimate(0.05, 0.04, 0.06, 100), "change": change}
+    reached = Estimate(0.21, 0.17, 0.25, 100)
+    plain = Measured([Part("change", change)], "x", 100, sizes, "model: echoes")
+    assert one(claim(), plain)["magnitude"] == verdicts.DIFFERS
+    line = one(claim(), replace(plain, ceilings=dict.fromkeys(sizes, reached)))
+    assert (line["verdict"], line["magnitude"]) == (HOLDS, verdicts.UNTESTABLE)
+    assert line["why"] == (
+        "ceiling: before: the paper's 0.50, this model's ceiling 0.21 [0.17, 0.25], change: the paper's -0.40, this "
+        f"model's ceiling 0.21 [0.17, 0.25]; {claims.ABOVE_CEILING}"
+    )
+    assert readme.reasons(line["why"]) == [f"ceiling: {claims.ABOVE_CEILING}"]
+    assert one(claim(), replace(plain, ceilings=dict.fromkeys(sizes, Estimate(0.6, 0.5, 0.7, 100))))["magnitude"] == (
+        verdicts.DIFFERS
+    )

@@ -19,8 +19,9 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
 - **The judge's gate.** A claim that rests on the judge's scores (``judged``) decides nothing while the judge's
   calibration is too poor (``Measured.gate``): inconclusive, no magnitude. Claims about the judge are not gated.
 - **Magnitude.** For each paper number the claim declares and the measurement estimates, ``verdicts.magnitude`` with
-  that number's kind; a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a change matches
-  while a level differs (or the other way) the line says which.
+  that number's kind and this model's ceiling for it (``Measured.ceilings``: a number above it is untestable here,
+  the why says ``ceiling: ...``); a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a
+  change matches while a level differs (or the other way) the line says which.
 - **Mechanism.** A claim on a mitigation (``Claim.mitigation``) is also judged on what moved its number
   (``Measured.mechanism``, read by ``fairkv.studies.mechanism``), against the uncompressed model: the paper's, partly
   the paper's, other, inconclusive (``verdicts.MECHANISM_WORDS``); n.a. for every other claim and where the direction
@@ -52,63 +53,6 @@ COLUMNS = ("id", "figure", "claim", "paper", "ours", "n", "verdict", "magnitude"
            "noise", "status", "part")  # fmt: skip
 NO_NUMBER = "no number"  # the paper column of a claim the paper states in words only
 MECHANISM_NOISE = "the mechanism within decoding noise: "  # what ``near_noise`` says of the mechanism's comparisons
-
-
-@dataclass(frozen=True)
-class Situation:
-    """A situation a claim's rows can be in, the one label its direction gets there, and where that is applied."""
-
-    name: str
-    label: str
-    by: str
-
-
-# One situation, one label, on every page (issue 66): ``direction`` applies them (its measurement names the untestable
-# ones, with the reason the helper in ``by`` computes from the rows); docs/results.md prints this table
-SITUATIONS = (
-    Situation(
-        "the interval lies wholly inside the claimed region (and not wholly within its margin)",
-        verdicts.HOLDS,
-        "verdicts.decide",
-    ),
-    Situation("the interval lies wholly outside the claimed region", verdicts.FAILS, "verdicts.decide"),
-    Situation(
-        "a null: an effect's interval lies wholly within the claim's margin of no effect",
-        verdicts.FAILS,
-        "verdicts.decide",
-    ),
-    Situation(
-        "a rise claimed from a metric's floor that does not come (the metric could have risen)",
-        verdicts.FAILS,
-        "verdicts.decide",
-    ),
-    Situation(
-        "a drop or a restoration claimed where the base already lies within the margin of the metric's floor or "
-        "ceiling: nothing to lower or restore",
-        verdicts.UNTESTABLE,
-        "reading.untestable_below, reading.no_room",
-    ),
-    Situation(
-        "a level claimed above a bar the uncompressed model itself lies wholly below",
-        verdicts.UNTESTABLE,
-        "reading.unreachable",
-    ),
-    Situation(
-        "a cost the paper's implementation pays for a step ours does not take (its second pass over the prompt)",
-        verdicts.UNTESTABLE,
-        "studies.runtime.measure",
-    ),
-    Situation("the interval straddles the claimed region's bound", verdicts.INCONCLUSIVE, "verdicts.decide"),
-    Situation(
-        "a statistic undefined on the data (NaN: a kind with too few classes, too few draws defined)",
-        verdicts.INCONCLUSIVE,
-        "verdicts.decide",
-    ),
-    Situation(
-        f"a bootstrap over fewer than {verdicts.MIN_BOOTSTRAP} prompts", verdicts.INCONCLUSIVE, "verdicts.decide"
-    ),
-    Situation("a claim resting on the judge while its calibration is too poor", verdicts.INCONCLUSIVE, "Measured.gate"),
-)
 
 
 class ClaimError(ValueError):
@@ -243,6 +187,9 @@ class Measured:
     untestable: str = ""
     gate: str = ""
     mechanism: Mechanism | None = None  # what moved the number, for a claim on a mitigation (``Claim.mitigation``)
+    # what this model reaches with nothing holding it back (``fairkv.studies.ceilings``), by the names of
+    # ``Claim.numbers``: a paper's number above it reads untestable here in magnitude
+    ceilings: dict[str, verdicts.Estimate] = field(default_factory=dict)
 
 
 def _region(claim: Claim, part: Part) -> tuple[float | None, float | None, float | None]:
@@ -281,13 +228,31 @@ def magnitude(claim: Claim, measured: Measured) -> tuple[str, str]:
     if measured.untestable or (claim.judged and measured.gate) or not measured.sizes:
         return verdicts.NOT_APPLICABLE, ""
     each = {
-        name: verdicts.magnitude(estimate, claim.numbers[name].value, claim.numbers[name].kind)
+        name: verdicts.magnitude(
+            estimate, claim.numbers[name].value, claim.numbers[name].kind, measured.ceilings.get(name)
+        )
         for name, estimate in measured.sizes.items()
     }
     said = {verdict: [name for name, v in each.items() if v == verdict] for verdict in verdicts.MAGNITUDES}
     mixed = sum(bool(names) for names in said.values()) > 1
     note = "; ".join(f"{', '.join(names)} {verdict}" for verdict, names in said.items() if names) if mixed else ""
     return verdicts.all_magnitudes(list(each.values())), note
+
+
+ABOVE_CEILING = "out of the attack's reach here"  # a why's conclusion for a paper's number above this model's ceiling
+CEILING = rf"ceiling: (.*?); {ABOVE_CEILING}"  # the numbers of that why: each of the paper's, with the ceiling
+
+
+def above_ceiling(claim: Claim, measured: Measured) -> str:
+    """The why of a magnitude untestable here: each of the paper's numbers above this model's ceiling, with it."""
+    said = [
+        f"{name}: the paper's {claim.numbers[name]}, this model's ceiling {ceiling}"
+        for name, ceiling in measured.ceilings.items()
+        if name in measured.sizes
+        and verdicts.magnitude(measured.sizes[name], claim.numbers[name].value, claim.numbers[name].kind, ceiling)
+        == verdicts.UNTESTABLE
+    ]
+    return f"ceiling: {', '.join(said)}; {ABOVE_CEILING}" if said else ""
 
 
 def mechanism(claim: Claim, measured: Measured) -> Mechanism:
@@ -339,7 +304,7 @@ def near_noise(claim: Claim, measured: Measured, noise: Noise | None) -> str:
 
 
 # the kinds a why's reasons open with ('model: ...; mechanism: ...'), each study's, and ``undecided``'s
-WHY_KINDS = ("uncertain", "model and budget", "model", "budget", "code", "machine", "mitigation")
+WHY_KINDS = ("uncertain", "model and budget", "model", "budget", "code", "machine", "mitigation", "ceiling")
 UNDECIDED = {  # an inconclusive claim's reason: a phrase per situation of ``SITUATIONS`` that gives inconclusive
     "straddles": "straddles its bound",
     "undefined": "undefined here",
@@ -389,6 +354,8 @@ def line(claim: Claim, measured: Measured, family: int, noise: Noise | None = No
     if claim.judged and measured.gate:
         ours += f"; {measured.gate}"
     why = measured.why if verdict in (verdicts.FAILS, verdicts.UNTESTABLE) or size == verdicts.DIFFERS else ""
+    if size == verdicts.UNTESTABLE:
+        why = "; ".join(filter(None, [why, above_ceiling(claim, measured)]))
     if verdict == verdicts.INCONCLUSIVE:
         why = "; ".join(filter(None, [undecided(claim, measured), why]))
     moved = mechanism(claim, measured)

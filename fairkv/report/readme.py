@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import claims, confounds, coverage, mitigations, noise, summary, verdicts
+from fairkv.report import ceilings, claims, confounds, coverage, mitigations, noise, situations, summary, verdicts
 from fairkv.report.noise import SENSITIVE
 from fairkv.runs import studies
 
@@ -94,8 +94,9 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
         f"{int((claims['verdict'] == verdicts.INCONCLUSIVE).sum())} are inconclusive, "
         f"{int((claims['verdict'] == verdicts.UNTESTABLE).sum())} untestable here{sensitive(claims)}; in magnitude, "
         f"of the {len(sized)} "
-        f"claims the paper gives a number for, {len(matches)} match it, {len(differ)} differ and the rest are too "
-        "uncertain to say.",
+        f"claims the paper gives a number for, {len(matches)} match it, {len(differ)} differ, "
+        f"{int((sized['magnitude'] == verdicts.UNTESTABLE).sum())} lie above this model's ceiling (untestable here) "
+        "and the rest are too uncertain to say.",
         f"- **Likely reason:** {said or 'none given'}.",
     ]
 
@@ -210,8 +211,10 @@ def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
         f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
         f"{count[verdicts.UNTESTABLE]} untestable here{sensitive(claims)}; of the {len(sized)} the paper gives a "
         "number for, "
-        f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it and "
-        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ; of the {len(judged)} claims on a mitigation "
+        f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it, "
+        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ and "
+        f"{int((sized['magnitude'] == verdicts.UNTESTABLE).sum())} lie above this model's ceiling; of the "
+        f"{len(judged)} claims on a mitigation "
         "judged on their mechanism, "
         f"{int((judged['mechanism'] == verdicts.PAPERS).sum())} moved their number the paper's way and "
         f"{int((judged['mechanism'] == verdicts.PARTLY).sum())} partly (against the uncompressed model).",
@@ -240,23 +243,23 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
     grid = studies.PROFILES[profile]
     details = coverage.link(link_from / DETAILS, link_from)
     try:
-        known = confounds.said(folder, profile)
+        known, reached = confounds.said(folder, profile), ceilings.said(folder, found)
     except confounds.ConfoundError as missing:
         raise ReadmeError(str(missing)) from None
     return "\n".join(
         [
             " ".join(
-                in_brief(found, grid.model, grid.n_prompts)
+                [reached]
+                + in_brief(found, grid.model, grid.n_prompts)
                 + [summary.family_wise(found, catalogue.family, summary.THESE)]
-                + summary.on_second(paper_claims(folder, claims.SECOND_MODEL), catalogue, profile)
             ),
             "",
             f"### The paper's claims ({len(found)})",
             "",
             "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
-            "number +- a tolerance): matches, differs, too uncertain, n.a.; mechanism (a mitigation, against the "
-            "uncompressed model): the paper's, partly, other, inconclusive; n: the prompts (timings: rounds). The "
-            f"rules and more: {details}.",
+            "number +- a tolerance): matches, differs, too uncertain, untestable here (its ceiling), "
+            "n.a.; mechanism (a mitigation, against the uncompressed model): the paper's, partly, other, inconclusive; "
+            f"n: the prompts (timings: rounds). The rules and more: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",
@@ -303,13 +306,13 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "## One situation, one label",
             "",
-            "Every claim's direction on every page follows this table (`fairkv.report.claims.SITUATIONS`, applied by "
-            "`claims.direction`):",
+            "Every claim's direction and magnitude on every page follow this table (`fairkv.report.situations.SITUATIONS`, "
+            "applied by `claims.direction` and `claims.magnitude`):",
             "",
             markdown(
                 pd.DataFrame(
-                    [(s.name, s.label, f"`{s.by}`") for s in claims.SITUATIONS],
-                    columns=["situation", "label", "applied by"],
+                    [(s.verdict, s.name, s.label, f"`{s.by}`") for s in situations.SITUATIONS],
+                    columns=["verdict", "situation", "label", "applied by"],
                 )
             ),
             "",

@@ -4,12 +4,13 @@ claims counted, not rows). The rules that decide each claim are ``fairkv.report.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from fairkv.report import coverage, verdicts
-from fairkv.report.claims import COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, heads
+from fairkv.report.claims import CEILING, COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, heads
 
 
 def counted(claims: pd.DataFrame, column: str, values) -> str:
@@ -58,6 +59,7 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             )
             + "."
         )
+    said += _above_ceiling(findings[findings["magnitude"] == verdicts.UNTESTABLE])
     judged = findings[~findings["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
     if len(judged):
         said.append(
@@ -72,6 +74,17 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             + "."
         )
     return "\n\n".join(said)
+
+
+def _above_ceiling(above: pd.DataFrame) -> list[str]:
+    """The closing's paragraph on the claims whose number lies above this model's ceiling, each with the paper's
+    number and the ceiling (its why's ``claims.CEILING`` part); none when no claim's does."""
+    if above.empty:
+        return []
+    each = [f"{row.claim} ({re.search(CEILING, row.why).group(1)})" for row in above.itertuples()]
+    return [
+        "Above what this model reaches (its positive controls), so untestable in magnitude: " + "; ".join(each) + "."
+    ]
 
 
 THESE = "the paper's claims on this model"  # what every page's family-wise counts count

@@ -295,11 +295,14 @@ def _said_again(claim: claims.Claim, line: pd.Series, again: pd.DataFrame | None
 
 def thresholds() -> str:
     """SUMMARY's preamble on thresholds: every bound and margin a claim declares, with its reason."""
-    from fairkv.studies import mechanism, reading
+    from fairkv.studies import reading
 
     lines = ["Thresholds every study shares:", ""]
     lines += [f"- `{name}` = {value:g}: {reason}" for name, value, reason in reading.SHARED]
-    lines += [f"- `mechanism.CLOSE_MARGIN` = {mechanism.CLOSE_MARGIN:g}: {mechanism.CLOSE_NULL}"]
+    lines += [
+        f"- `reading.RATE_MARGIN` = {reading.RATE_MARGIN:g}, the one margin of a refusal rate, in the direction and "
+        f"the mechanism (restored, lost, risen, the benign price) alike: {reading.RATE_NULL}"
+    ]
     lines += ["", "Thresholds of the claims' own (each declared with its claim, `fairkv/studies/`):", ""]
     for claim in declared():
         said = []

@@ -30,6 +30,7 @@ from fairkv.runs.studies import (
     Study,
 )
 from fairkv.studies import leakage, mechanism, reading
+from fairkv.studies.ceilings import Ceilings
 from fairkv.studies.reading import PEAK
 
 STUDY = Study(
@@ -227,13 +228,15 @@ def _order_gap(frame: pd.DataFrame, ratio: float) -> float:
     return gap("base") - gap("fair")
 
 
-def measure(rows: pd.DataFrame, flipped: pd.DataFrame) -> dict[str, Measured]:
+def measure(rows: pd.DataFrame, flipped: pd.DataFrame, ceilings: Ceilings | None = None) -> dict[str, Measured]:
     """The claims of notebook 06 from the fair study's rows (normal order, base, whitelist and fair) and the flipped
-    order's (base and fair), ``analysis.with_benign_flags`` applied."""
+    order's (base and fair), ``analysis.with_benign_flags`` applied; the leakage sizes against this model's ceiling
+    where ``ceilings`` are given (the positive controls' rows)."""
     out = {}
     for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv")):
         moved = mechanism.read(rows, "fair", FAIR_RATIO, policy)
-        out[claim.id] = reading.leakage_lowered(rows, "fair", policy, FAIR_RATIO, moved)
+        reached = ceilings and ceilings.leakage(policy, FAIR_RATIO)
+        out[claim.id] = reading.leakage_lowered(rows, "fair", policy, FAIR_RATIO, moved, reached)
 
     reading.need_ratios(rows, TABLE1_RATIOS)
     ran = set(rows["policy"])

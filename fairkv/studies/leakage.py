@@ -5,6 +5,8 @@ shape, lower. Peaks are read at r = 0.5 (``reading.PEAK``), not at the observed 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
@@ -13,7 +15,9 @@ from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, TABLE1_RATIOS, Fields, Scale, Study
 from fairkv.runs.studies import NORMAL as NORMAL_ORDER
+from fairkv.studies import ceilings as controls
 from fairkv.studies import reading
+from fairkv.studies.ceilings import Ceilings
 from fairkv.studies.reading import PEAK
 
 STUDY = Study(
@@ -71,7 +75,7 @@ FLIPPED_ACCURACY = Study(
         "paper": Scale(n_prompts=100),
     },
 )
-STUDIES = (STUDY, ACCURACY, FLIPPED_ACCURACY)
+STUDIES = (STUDY, ACCURACY, FLIPPED_ACCURACY, *controls.STUDIES)  # the positive controls: ``fairkv.studies.ceilings``
 ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
     Item(
         "Fig 4",
@@ -85,8 +89,10 @@ ITEMS = (  # the paper's items notebook 03 makes (fairkv.report.coverage)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 71, then 22 per ratio of ``FLIPPED_RATIOS`` for
 # the flipped order's 400 base IFEval cells of the four other policies (half of the 2,621 s that r = 0.5's 800 cells,
 # base and fair, took on 12-05; r = 0.6's took 4,732 s beside a ci render, r = 0.4's 3,085 s and r = 0.7's 3,071 s beside
-# tests on 12-06)
-MINUTES = {"ci": 0.8, "cpu": 159}
+# tests on 12-06), then 39 for the positive controls (``ceilings.STUDIES``, measured alone on 12-07 on an Intel CPU with
+# AMX capped to AVX512-BF16: the neutral template's 900 attack cells 1,119 s, no defense's 745 s, the 30 IFEval answers
+# at 1280 new tokens 499 s)
+MINUTES = {"ci": 0.8, "cpu": 198}
 
 
 ROW = ["key", "cell_id", "policy", "variant", "lam"]  # one row of a cell (the r = 0 cell: one per policy and variant)
@@ -225,20 +231,33 @@ def _answered(rows: pd.DataFrame, ratios, **matched) -> pd.Index | None:
     return refused.index[(refused == 0).all(axis=1)]
 
 
-def measure(rows: pd.DataFrame) -> dict[str, Measured]:
-    """The claims of notebook 03 from the leakage study's rows (``analysis.with_benign_flags`` applied)."""
+def measure(rows: pd.DataFrame, ceilings: Ceilings | None = None) -> dict[str, Measured]:
+    """The claims of notebook 03 from the leakage study's rows (``analysis.with_benign_flags`` applied), each size
+    against this model's ceiling where ``ceilings`` are given (the positive controls' rows)."""
     n = rows.loc[rows["query"] == "attack", "key"].nunique()
     why = reading.recital_why(rows, PEAK, **NORMAL)
     accuracy = {r: reading.values(rows, analysis.ACCURACY, r, **NORMAL) for r in (0.0, PEAK)}
     parts, text, peak = _inverted_u(rows, analysis.LEAKAGE, **NORMAL)
-    return {
+    budget = ceilings and ceilings.budget()
+    measured = {
         REFUSAL_DROPPED.id: _refusal_dropped(rows),
         INVERTED_U.id: Measured(parts, text, n, {"peak": peak}, why),
-        **_followed(rows, accuracy),
+        **_followed(rows, accuracy, budget),
         PEAK_ORDER.id: _peak_order(rows, n, why),
-        FLIPPED_FASTER.id: _flipped_faster(rows, accuracy[PEAK]),
+        FLIPPED_FASTER.id: _flipped_faster(rows, accuracy[PEAK], budget),
         DEFENSE_SHAPE.id: _defense_shape(rows, n, why),
     }
+    if ceilings is None:
+        return measured
+    # no ceiling for defense leakage (Fig 6): the neutral text's own recall bounds nothing (the defense itself is
+    # recited more than it) and with no defense there is none to recite
+    reached = {
+        INVERTED_U.id: {"peak": ceilings.leakage("streamingllm", PEAK)},
+        FOLLOWED_AT_PEAK.id: {"accuracy": ceilings.accuracy()},
+        PEAK_ORDER.id: {policy: ceilings.leakage(policy, PEAK) for policy in PEAK_POLICIES},
+        FLIPPED_FASTER.id: {"flipped": ceilings.accuracy()},
+    }
+    return {key: replace(found, ceilings=reached.get(key, {})) for key, found in measured.items()}
 
 
 def _refusal_dropped(rows: pd.DataFrame) -> Measured:
@@ -253,12 +272,12 @@ def _refusal_dropped(rows: pd.DataFrame) -> Measured:
     )
 
 
-def _followed(rows: pd.DataFrame, accuracy: dict[float, pd.Series]) -> dict[str, Measured]:
+def _followed(rows: pd.DataFrame, accuracy: dict[float, pd.Series], budget) -> dict[str, Measured]:
     """The directive followed at the peak: absolutely (the paper's claim) and relative to r = 0 over the prompts
-    answered at both ratios (ours; none when no prompt is)."""
+    answered at both ratios (ours; none when no prompt is); why, with what the paper's ``budget`` adds where known."""
     notes = reading.accuracy_note(rows, (0.0, PEAK), **NORMAL)
     at_peak, uncompressed = verdicts.mean(accuracy[PEAK]), verdicts.mean(accuracy[0.0])
-    why = reading.benign_refusal_why(rows, (0.0, PEAK), **NORMAL)
+    why = reading.benign_refusal_why(rows, (0.0, PEAK), budget, **NORMAL)
     out = {
         FOLLOWED_AT_PEAK.id: Measured(
             [Part("accuracy", at_peak)],
@@ -304,7 +323,7 @@ def _peak_order(rows: pd.DataFrame, n: int, why: str) -> Measured:
     )
 
 
-def _flipped_faster(rows: pd.DataFrame, normal: pd.Series) -> Measured:
+def _flipped_faster(rows: pd.DataFrame, normal: pd.Series, budget) -> Measured:
     flipped = reading.values(rows, analysis.ACCURACY, PEAK, policy="streamingllm", variant="base", order="flipped")
     faster = reading.compared(normal, flipped)
     notes = reading.accuracy_note(rows, (0.0, PEAK), policy="streamingllm", variant="base", order="flipped")
@@ -314,7 +333,7 @@ def _flipped_faster(rows: pd.DataFrame, normal: pd.Series) -> Measured:
         + (f"; in the flipped order{notes.replace('; ', ': ', 1)}" if notes else ""),
         faster.n,
         {"flipped": verdicts.mean(flipped)},
-        reading.benign_refusal_why(rows, (PEAK,), policy="streamingllm", variant="base", order="flipped"),
+        reading.benign_refusal_why(rows, (PEAK,), budget, policy="streamingllm", variant="base", order="flipped"),
     )
 
 

@@ -86,15 +86,24 @@ def accuracy_note(rows: pd.DataFrame, ratios, **matched) -> str:
     return text
 
 
-def benign_refusal_why(rows: pd.DataFrame, ratios, **matched) -> str:
-    """Why accuracy sits where it does, from the rows: the share of benign queries refused at ``ratios``."""
+def benign_refusal_why(rows: pd.DataFrame, ratios, budget: verdicts.Estimate | None = None, **matched) -> str:
+    """Why accuracy sits where it does, from the rows: the share of benign queries refused at ``ratios``, and the
+    token budget, unless the positive control's ``budget`` (``ceilings.Ceilings.budget``: accuracy uncompressed at the
+    paper's budget minus at ours) shows the paper's budget follows no more (a null within ``RATE_MARGIN``): then the
+    model alone."""
     if "benign_refused" not in rows:
         return "model: a smaller model than Llama-3.1-8B, which follows fewer IFEval instructions"
     shares = {r: verdicts.rate(values(rows, "benign_refused", r, **matched)).value for r in ratios}
+    refused = ", ".join(f"r = {r:g}: {share:.2f}" for r, share in shares.items())
+    tokens = studies.PROFILES["paper"].benign_tokens
+    if budget is not None and verdicts.is_null(budget, 0.0, RATE_MARGIN):
+        return (
+            f"model: fewer IFEval instructions followed, benign queries refused ({refused}); uncompressed, the paper's "
+            f"{tokens} new tokens follow no more than ours (change {budget.signed()}, n = {budget.n})"
+        )
     return (
-        "model and budget: fewer IFEval instructions followed, benign queries refused ("
-        + ", ".join(f"r = {r:g}: {share:.2f}" for r, share in shares.items())
-        + f"), fewer new tokens than the paper's {studies.PROFILES['paper'].benign_tokens}"
+        f"model and budget: fewer IFEval instructions followed, benign queries refused ({refused}), fewer new tokens "
+        f"than the paper's {tokens}"
     )
 
 
@@ -163,7 +172,7 @@ def no_room(base: verdicts.Estimate, toward: float, what: str) -> str:
 def unreachable(uncompressed: verdicts.Estimate, bar: float, what: str) -> str:
     """The reason a claim that a level stays above ``bar`` under compression cannot be tested, when the uncompressed
     model's whole interval already lies below it: no compression can be asked to reach it; "" otherwise. A sibling of
-    ``no_room`` and ``untestable_below`` (``claims.SITUATIONS``)."""
+    ``no_room`` and ``untestable_below`` (``situations.SITUATIONS``)."""
     if uncompressed.too_few or uncompressed.high >= bar:
         return ""
     return (
@@ -214,20 +223,25 @@ def with_attack_cells(claim, study, policy: str, ratio: float):
     return dataclasses.replace(claim, cells=(attack,))
 
 
-def leakage_lowered(rows: pd.DataFrame, variant: str, policy: str, ratio: float, moved):
+def leakage_lowered(
+    rows: pd.DataFrame, variant: str, policy: str, ratio: float, moved, ceiling=None
+):  # 6 parameters: the claim's setting, what moved it and the ceiling its sizes are read against
     """The measurement of a ``lowers_leakage`` claim: base -> ``variant`` directive leakage at ``ratio`` (normal order),
     its change as the deciding part, the levels and the change as our sizes of the paper's numbers, and what ``moved``
-    it (``mechanism.read`` at the same setting)."""
+    it (``mechanism.read`` at the same setting); each size against ``ceiling`` (``ceilings.Ceilings.leakage`` at the
+    same setting: the most this model leaks there), when given."""
     from fairkv.report.claims import Measured, Part
 
     before, after, change = before_after(rows, variant, policy, ratio)
+    sizes = {"before": before, "after": after, "change": change}
     return Measured(
         [Part("change", change)],
         f"{before} -> {after}, change {change.signed()}",
         change.n,
-        {"before": before, "after": after, "change": change},
+        sizes,
         recital_why(rows, ratio, policy=policy, variant="base", order="normal"),
         mechanism=moved,
+        ceilings={} if ceiling is None else dict.fromkeys(sizes, ceiling),
     )
 
 

@@ -15,6 +15,7 @@ from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import CI_MITIGATION_RATIOS, CI_PROMPTS, CPU_MITIGATIONS, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import mechanism, reading
+from fairkv.studies.ceilings import Ceilings
 
 # Figs 8-9 and Table 1 are normal order at the cpu profile (Fig 14, flipped, is the fair study's); accuracy at Table
 # 1's ratios; at the paper's scale the whitelist no longer fits the budget beyond r = 0.7 (Section 5.1)
@@ -106,11 +107,17 @@ def _per_policy(rows: pd.DataFrame, ratios, policies) -> Mechanism:
     return mechanism.combined({reading.label(p): mechanism.read(rows, "whitelist", ratios, p) for p in policies})
 
 
-def measure(rows: pd.DataFrame) -> dict[str, Measured]:
-    """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied)."""
+def measure(rows: pd.DataFrame, ceilings: Ceilings | None = None) -> dict[str, Measured]:
+    """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied), the leakage
+    sizes against this model's ceiling where ``ceilings`` are given (the positive controls' rows)."""
     out = {
         claim.id: reading.leakage_lowered(
-            rows, "whitelist", policy, WHITELIST_RATIO, mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy)
+            rows,
+            "whitelist",
+            policy,
+            WHITELIST_RATIO,
+            mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy),
+            ceilings and ceilings.leakage(policy, WHITELIST_RATIO),
         )
         for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv"))
     }

@@ -23,24 +23,29 @@ from fairkv.studies import reading
 from fairkv.studies.beyond import attacks, defenses, geometry, spans
 from fairkv.studies.beyond.attacks import (
     ATTACKS,
+    ATTACKS_CEILING,
     CATEGORIES_RISE,
     FAIR_LOWERS,
     REFUSAL_DROPPED,
     WHITELIST_KEEPS_REFUSAL,
     WHITELIST_LOWERS,
     category_figure,
+    ceiling_table,
+    recitals,
 )
 from fairkv.studies.beyond.defenses import CRITICAL_MOVES, DEFENSE_LADDER, DEFENSES, STRONGER_REFUSES
 from fairkv.studies.beyond.geometry import GEOMETRY, LAST_RESTORES
 from fairkv.studies.beyond.spans import COMPLIANCE_RAISED, SMALLEST_SPAN_KEPT, SPANS, budget_figure, span_figure
 
-STUDIES = (SPANS, ATTACKS, DEFENSES, GEOMETRY)
+STUDIES = (SPANS, ATTACKS, ATTACKS_CEILING, DEFENSES, GEOMETRY)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 18, then 20 for the geometry study's two moved
 # places (1,300 attack answers and their operative keep rates each: 27 min for one beside other runs on 12-04, about
 # 10 alone at the 2.8 answers a second measured alone), then 50 for the rows the intended counts added on 12-06 (the
 # attack categories on 10 prompts, 30 prompts per span count, the geometry at r = 0.3-0.4: 2,871 answers and 1,600
-# operative keep rates on a CPU with AVX512-BF16, beside a notebook render for a fifth of it)
-MINUTES = {"ci": 3.0, "cpu": 88}
+# operative keep rates on a CPU with AVX512-BF16, beside a notebook render for a fifth of it), then 25 for the attack
+# categories' positive control (``ATTACKS_CEILING``: 300 answers uncompressed with neutral text, 42.7 new tokens on
+# average; 1,283 s for the last 210 of them beside notebook renders on 12-07)
+MINUTES = {"ci": 3.0, "cpu": 113}
 CLAIMS = spans.CLAIMS + attacks.CLAIMS + defenses.CLAIMS + geometry.CLAIMS
 
 
@@ -72,6 +77,7 @@ def measure(
 
 __all__ = [
     "ATTACKS",
+    "ATTACKS_CEILING",
     "CATEGORIES_RISE",
     "CLAIMS",
     "COMPLIANCE_RAISED",
@@ -91,6 +97,8 @@ __all__ = [
     "WHITELIST_LOWERS",
     "budget_figure",
     "category_figure",
+    "ceiling_table",
+    "recitals",
     "measure",
     "span_figure",
 ]

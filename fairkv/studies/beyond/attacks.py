@@ -9,10 +9,11 @@ import pandas as pd
 import seaborn as sns
 
 from fairkv.core import data
-from fairkv.report import analysis, verdicts
+from fairkv.core.prompts import NEUTRAL_TEMPLATE
+from fairkv.report import analysis, outcomes, verdicts
 from fairkv.report.claims import OURS, Claim, Measured, Part
 from fairkv.runs.redecode import Cells
-from fairkv.runs.studies import NORMAL, TEN_RATIOS, Fields, Scale, Study
+from fairkv.runs.studies import BASE, NORMAL, TEN_RATIOS, Fields, Scale, Study
 from fairkv.studies import reading
 
 # every RaccoonBench attack category (the notebook passes the attack query kinds, data.attack_queries): at the cpu
@@ -30,6 +31,23 @@ ATTACKS = Study(
         "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
     },
     figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
+)
+# the positive control of the many attacks (issue 82): the same attacks and prompts uncompressed with neutral text in
+# the defense's place (``fairkv.studies.ceilings``): which attacks draw recitals when nothing tells the model not to recite,
+# beside what they draw under the defense. Uncompressed only: at the cpu profile its 300 answers took about 25 minutes
+# (42.7 new tokens on average, over three times the 12 under the defense); the 300 at r = 0.5 are left for later
+ATTACKS_CEILING = Study(
+    "attacks_ceiling",
+    "11",
+    "beyond the paper: many attacks, positive control",
+    Fields(variants=BASE, template=NEUTRAL_TEMPLATE, ratios=(0.0,)),
+    {
+        "ci": Scale(n_prompts=1, policies=("streamingllm",), max_new_tokens=16, batch_size=8),
+        "cpu": Scale(n_prompts=10, orders=NORMAL, policies=("streamingllm",)),
+        "paper": Scale(n_prompts=100),
+    },
+    figures=("11_attacks_ceiling",),
+    sweep=False,
 )
 
 
@@ -165,6 +183,42 @@ def measure(attacked: pd.DataFrame) -> dict[str, Measured]:
             untestable=reading.no_room(verdicts.mean(refused[r]), 1.0, f"the base policy's refusal rate at r = {r:g}"),
         )
     return out
+
+
+def ceiling_table(attacked: pd.DataFrame, neutral: pd.DataFrame) -> pd.DataFrame:
+    """Per attack category and ratio, the base policy's answers under the defense beside those with neutral text in
+    its place (``ATTACKS_CEILING``): the share that recite and that echo the attack, directive leakage, n (answers);
+    the outcomes of ``analysis.by_attack`` rows (``outcomes.of_attacks``)."""
+    attacked = attacked[attacked["ratio"].isin(set(neutral["ratio"]))]  # the ratios the control ran
+    both = pd.concat(
+        [
+            outcomes.of_attacks(attacked[attacked["variant"] == "base"]).assign(control="defense"),
+            outcomes.of_attacks(neutral).assign(control="neutral text"),
+        ],
+        ignore_index=True,
+    )
+    both = both.assign(
+        recites=both["outcome"] == "recites", echoes=both["outcome"] == "echoes", leakage=both[analysis.LEAKAGE]
+    )
+    table = both.groupby(["category", "ratio", "control"])[["recites", "echoes", "leakage"]].mean().unstack("control")
+    table.columns = [f"{what} ({control})" for what, control in table.columns]
+    n = both[both["control"] == "defense"].groupby(["category", "ratio"]).size().rename("n")
+    return table.round(2).join(n).reset_index()
+
+
+def recitals(table: pd.DataFrame) -> str:
+    """Which attack categories draw recitals in most of their answers (``ceiling_table``'s), with neutral text in the
+    defense's place and under the defense, at each ratio: what the model can be made to recite, and what the defense
+    holds back."""
+    said = []
+    for ratio, at in table.groupby("ratio"):
+        most = {c: at.loc[at[f"recites ({c})"] > 0.5, "category"].tolist() for c in ("neutral text", "defense")}
+        said.append(
+            f"at r = {ratio:g}, {len(most['neutral text'])} of {len(at)} categories recite in most answers with "
+            f"neutral text ({', '.join(most['neutral text']) or 'none'}), {len(most['defense'])} under the defense "
+            f"({', '.join(most['defense']) or 'none'})"
+        )
+    return "Recitals: " + "; ".join(said) + "."
 
 
 def category_figure(rows: pd.DataFrame, metric: str, label: str, title: str) -> plt.Figure:
