@@ -309,7 +309,9 @@ def test_summary_headline_recounts_from_the_claim_declarations():
             f"## {heading}: {len(picked)} claims, in direction "
             + ", ".join(f"{directions.get(v, 0)} {v}" for v in ("holds", "fails", "inconclusive", "untestable here"))
             + "; in magnitude "
-            + ", ".join(f"{sizes.get(v, 0)} {v}" for v in ("matches", "differs", "too uncertain", "n.a."))
+            + ", ".join(
+                f"{sizes.get(v, 0)} {v}" for v in ("matches", "differs", "too uncertain", "untestable here", "n.a.")
+            )
         )
         assert expected in written, expected
     family = fairkv.studies.family()

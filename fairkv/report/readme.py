@@ -258,8 +258,8 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
             "number +- a tolerance): matches, differs, too uncertain, untestable here (its ceiling), "
-            "n.a.; mechanism (a mitigation, against the uncompressed model): the paper's, partly, other, inconclusive; "
-            f"n: the prompts (timings: rounds). The rules and more: {details}.",
+            "n.a.; mechanism (a mitigation, against r = 0): the paper's, partly, other, inconclusive; "
+            f"n: prompts (timings: rounds). Rules: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",
