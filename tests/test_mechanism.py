@@ -235,9 +235,10 @@ def committed():
 def test_on_the_committed_rows_against_the_uncompressed_model(committed):
     """What the issue's recount found, from the committed rows: the whitelist raises StreamingLLM's refusal at r = 0.6
     (0.01 -> 0.93, uncompressed 0.97), but whether back to the uncompressed level is undecided on 100 prompts (-0.04
-    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82); K-Norm's whitelist refuses benign queries far beyond it; fair StreamingLLM at r = 0.5 restores
-    no refusal while its directive keep rate halves (the directive evicted); in the flipped order, where the base
-    refuses every attack, fair eviction refuses none while the defense's keep rate falls (the defense evicted)."""
+    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82); K-Norm's whitelist refuses benign
+    queries far beyond it; fair StreamingLLM at r = 0.5 restores no refusal while its directive keep rate halves (the
+    directive evicted); in the flipped order, where the base refuses every attack, fair eviction refuses none while the
+    defense's keep rate falls (the defense evicted)."""
     normal, flipped = committed
     whitelist = mechanism.read(normal, "whitelist", 0.6, "streamingllm")
     assert (whitelist.verdict, whitelist.because) == (INCONCLUSIVE, mechanism.RAISED)

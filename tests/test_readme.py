@@ -217,9 +217,9 @@ def test_each_notebook_closes_with_what_we_see_at_its_profile():
     cpu = summary.closing(claims, "qwen", "cpu", 100).split("\n\n")
     assert cpu == [
         "**What we see** on qwen (cpu profile, n = 100 prompts): the paper's claims: 3 claims, in direction 1 holds, 1 fails, "
-        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 0 untestable here, 2 n.a.; "
-        "mechanism "
-        "of the 1 judged on it: 0 the paper's, 0 partly the paper's, 1 other, 0 inconclusive; 1 sanity check apart",
+        "1 inconclusive, 0 untestable here; in magnitude 0 matches, 1 differs, 0 too uncertain, 0 untestable here, "
+        "2 n.a.; mechanism of the 1 judged on it: 0 the paper's, 0 partly the paper's, 1 other, 0 inconclusive; "
+        "1 sanity check apart",
         "Holds: a.",
         "Fails: c (model: other ranking).",
         "Inconclusive: d (uncertain: part straddles 0).",

@@ -424,7 +424,8 @@ def _situation_examples():
 def test_every_situation_gets_its_one_label():
     """Issue 66 item 5: each row of ``situations.SITUATIONS`` (printed in docs/results.md), on a hand-built claim, reads
     the table's label through the one function every page's verdicts come from (``claims.direction``, or
-    ``claims.magnitude`` for a row on magnitude: issue 82's ceiling); every row has its example (broken on purpose: a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
+    ``claims.magnitude`` for a row on magnitude: issue 82's ceiling); every row has its example (broken on purpose:
+    a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
     from fairkv.report import claims
 
     examples = _situation_examples()

@@ -36,6 +36,6 @@ def said(folder: Path, claims: pd.DataFrame) -> str:
         f"**What this model can show** (positive controls, `03_ceilings`): told nothing against reciting, the attack "
         f"draws {_highest(leak, 'none', '0.0')} of its directive uncompressed, {_highest(leak, *PEAK)} at "
         f"StreamingLLM r = {PEAK[1]}; uncompressed it follows {top['accuracy']} of IFEval prompts at the paper's "
-        f"{top['new tokens']} new tokens, {same} at {ours['new tokens']}. {above} claims' numbers lie above: untestable "
-        "here in magnitude."
+        f"{top['new tokens']} new tokens, {same} at {ours['new tokens']}. {above} claims' numbers lie above: "
+        "untestable here in magnitude."
     )

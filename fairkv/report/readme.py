@@ -306,8 +306,8 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "## One situation, one label",
             "",
-            "Every claim's direction and magnitude on every page follow this table (`fairkv.report.situations.SITUATIONS`, "
-            "applied by `claims.direction` and `claims.magnitude`):",
+            "Every claim's direction and magnitude on every page follow this table "
+            "(`fairkv.report.situations.SITUATIONS`, applied by `claims.direction` and `claims.magnitude`):",
             "",
             markdown(
                 pd.DataFrame(

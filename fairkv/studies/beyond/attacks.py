@@ -33,9 +33,9 @@ ATTACKS = Study(
     figures=("11_attacks", "11_attacks_leakage", "11_attacks_refusal"),
 )
 # the positive control of the many attacks (issue 82): the same attacks and prompts uncompressed with neutral text in
-# the defense's place (``fairkv.studies.ceilings``): which attacks draw recitals when nothing tells the model not to recite,
-# beside what they draw under the defense. Uncompressed only: at the cpu profile its 300 answers took about 25 minutes
-# (42.7 new tokens on average, over three times the 12 under the defense); the 300 at r = 0.5 are left for later
+# the defense's place (``fairkv.studies.ceilings``): which attacks draw recitals when nothing tells the model not to
+# recite, beside what they draw under the defense. Uncompressed only: at the cpu profile its 300 answers took about 25
+# minutes (42.7 new tokens on average, over three times the 12 under the defense); the 300 at r = 0.5 are left for later
 ATTACKS_CEILING = Study(
     "attacks_ceiling",
     "11",
