@@ -46,6 +46,9 @@ def test_paper_profile_on_a_model_folder_in_bfloat16(hf_folder, tmp_path, monkey
     )
     assert experiment.Job(grid, (), None, {}, {}, {}).load().model.dtype == torch.bfloat16
     rows = list(experiment.store_for(grid, tmp_path / "results" / "paper").rows().values())  # the profile's folder
+    controls = {row["template"] for row in rows if row.get("template")}  # the positive controls' (issue 82)
+    assert controls == {"neutral_defense", "no_defense"}
+    rows = [row for row in rows if not row.get("template")]
     # 2 prompts x 2 orders x (r = 0, and 5 policies at r = 0.5) x (benign, attack)
     assert len(rows) == 2 * 2 * 6 * 2
     assert {row["dtype"] for row in rows} == {"bfloat16"}
