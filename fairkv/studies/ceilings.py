@@ -120,18 +120,20 @@ class Ceilings:
         ]
         return max(found, key=lambda estimate: estimate.high)
 
+    def _accuracy(self, largest: bool) -> pd.Series:
+        """Per prompt, IFEval prompt accuracy uncompressed at the largest (else the smallest) budget run."""
+        benign = self.rows[self.rows["query"] == "benign"]
+        tokens = benign["max_new_tokens"].max() if largest else benign["max_new_tokens"].min()
+        return reading.values(benign[benign["max_new_tokens"] == tokens], analysis.ACCURACY, 0.0)
+
     def budget(self) -> verdicts.Estimate:
         """IFEval prompt accuracy uncompressed at the largest budget run minus at the smallest, paired over prompts:
         what the paper's budget adds (a null: the model, not the cap, holds accuracy)."""
-        benign = self.rows[self.rows["query"] == "benign"]
-        at = lambda tokens: reading.values(benign[benign["max_new_tokens"] == tokens], analysis.ACCURACY, 0.0)
-        return reading.compared(at(benign["max_new_tokens"].max()), at(benign["max_new_tokens"].min()))
+        return reading.compared(self._accuracy(largest=True), self._accuracy(largest=False))
 
     def accuracy(self) -> verdicts.Estimate:
         """IFEval prompt accuracy uncompressed at the largest budget run (the paper's 1280 new tokens)."""
-        benign = self.rows[self.rows["query"] == "benign"]
-        top = benign[benign["max_new_tokens"] == benign["max_new_tokens"].max()]
-        return verdicts.mean(reading.values(top, analysis.ACCURACY, 0.0))
+        return verdicts.mean(self._accuracy(largest=True))
 
 
 def leakage_table(rows: pd.DataFrame) -> pd.DataFrame:

@@ -17,7 +17,6 @@ from fairkv.runs.studies import BASE, BOTH_ORDERS, CI_PROMPTS, GROWN_SIDE, TABLE
 from fairkv.runs.studies import NORMAL as NORMAL_ORDER
 from fairkv.studies import ceilings as controls
 from fairkv.studies import reading
-from fairkv.studies.ceilings import Ceilings
 from fairkv.studies.reading import PEAK
 
 STUDY = Study(
@@ -231,7 +230,7 @@ def _answered(rows: pd.DataFrame, ratios, **matched) -> pd.Index | None:
     return refused.index[(refused == 0).all(axis=1)]
 
 
-def measure(rows: pd.DataFrame, ceilings: Ceilings | None = None) -> dict[str, Measured]:
+def measure(rows: pd.DataFrame, ceilings: controls.Ceilings | None = None) -> dict[str, Measured]:
     """The claims of notebook 03 from the leakage study's rows (``analysis.with_benign_flags`` applied), each size
     against this model's ceiling where ``ceilings`` are given (the positive controls' rows)."""
     n = rows.loc[rows["query"] == "attack", "key"].nunique()
