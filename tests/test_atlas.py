@@ -12,7 +12,7 @@ from fairkv.core import data, prompts, score_once
 from fairkv.core.presses import PAPER, PolicyError, Setting, kept, rates, registry
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY
-from fairkv.report.verdicts import FAILS, HOLDS, INCONCLUSIVE, UNTESTABLE
+from fairkv.report.verdicts import HOLDS, INCONCLUSIVE, UNTESTABLE
 from fairkv.runs import atlas
 from fairkv.runs.atlas import AtlasError
 from fairkv.runs.store import StoreError
@@ -235,9 +235,9 @@ def test_a_press_identical_to_another_is_named_and_not_ranked():
 
 
 def test_the_atlas_claims_hand_worked(monkeypatch):
-    """The stated patterns: StreamingLLM keeps the later span (a sanity check: holds), TOVA stated balanced favours
-    the earlier span (fails, with why), K-Norm stated earlier is noise (inconclusive); the other presses get no claim.
-    LagKV keeps exactly what StreamingLLM keeps (a sanity check: holds). The attack side: SnapKV loses the refusal
+    """The stated pattern: StreamingLLM keeps the later span (a sanity check: holds); K-Norm's and TOVA's are notebook
+    04's claims, not counted again here (issue 82), and no other press gets one. LagKV keeps exactly what StreamingLLM
+    keeps on these prompts (a claim of ours: holds). The attack side: SnapKV loses the refusal
     (1.0 -> 0.1) and the whitelist restores it (0.95); KeyDiff keeps it on 20 prompts (1.0 -> 1.0): a loss neither
     shown nor excluded (Newcombe +-0.16), so its restoration stays a part, undecided: the claim reads inconclusive.
     Refusing every attack of 100 prompts at r = 0.5 (Wilson [0.96, 1]), KeyDiff leaves nothing to restore: alone, the
@@ -250,21 +250,16 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     heads = table[table["part"] == ""].set_index("id")
     assert heads["verdict"].to_dict() == {
         atlas_study.STREAMING_LATER.id: HOLDS,
-        atlas_study.KNORM_EARLIER.id: INCONCLUSIVE,
-        atlas_study.TOVA_BALANCED.id: FAILS,
         atlas_study.LAGKV_IS_STREAMING.id: HOLDS,
         atlas_study.REFUSAL_LOST.id: INCONCLUSIVE,
         atlas_study.WHITELIST_RESTORES.id: INCONCLUSIVE,
     }
     assert heads["status"].to_dict() == {
         atlas_study.STREAMING_LATER.id: SANITY,
-        atlas_study.KNORM_EARLIER.id: OURS,
-        atlas_study.TOVA_BALANCED.id: OURS,
-        atlas_study.LAGKV_IS_STREAMING.id: SANITY,
+        atlas_study.LAGKV_IS_STREAMING.id: OURS,
         atlas_study.REFUSAL_LOST.id: OURS,
         atlas_study.WHITELIST_RESTORES.id: OURS,
     }
-    assert heads.loc[atlas_study.TOVA_BALANCED.id, "why"].startswith("model: on this model TOVA's pattern is")
     assert set(heads["magnitude"]) == {verdicts.NOT_APPLICABLE} and set(heads["n"]) == {N}
     parts = table[table["part"] != ""]
     assert parts[parts["id"] == atlas_study.REFUSAL_LOST.id]["part"].tolist() == ["SnapKV", "KeyDiff"]
@@ -272,9 +267,11 @@ def test_the_atlas_claims_hand_worked(monkeypatch):
     assert restores.startswith("whitelist - base SnapKV +0.85") and "KeyDiff +0.00" in restores
     assert "LagKV: identical to StreamingLLM, not counted" in restores
     # on 20 prompts, 0.95 against the uncompressed 1.00 is a rise whose return to within RATE_MARGIN of the
-    # uncompressed level is undecided (and the attack side alone cannot say what the whitelist costs benign queries)
+    # uncompressed level is undecided, at least partly restored, and the attack side alone cannot say what the
+    # whitelist costs benign queries
     assert heads.loc[atlas_study.WHITELIST_RESTORES.id, "mechanism"] == verdicts.INCONCLUSIVE
-    assert f"SnapKV inconclusive ({mechanism.RAISED})" in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]
+    said = f"SnapKV inconclusive ({mechanism.AT_LEAST_PARTLY}, {mechanism.NOT_RUN})"
+    assert said in heads.loc[atlas_study.WHITELIST_RESTORES.id, "why"]
     assert "largest keep-rate difference 0.00" in heads.loc[atlas_study.LAGKV_IS_STREAMING.id, "ours"]
     many = {setting: [1] * 100 for setting in KEEPS}
     alone = studies.paper_vs_us(atlas_study, press_patterns.bias(rows), _attacked({"keydiff": many}), rows=rows)

@@ -10,7 +10,7 @@ import pytest
 from fairkv import studies
 from fairkv.core import data, metrics, multispan, prompts
 from fairkv.report import analysis
-from fairkv.report.claims import OURS, SANITY
+from fairkv.report.claims import OURS
 from fairkv.report.verdicts import FAILS, HOLDS, UNTESTABLE
 from fairkv.runs import experiment
 from fairkv.runs.experiment import GridError
@@ -212,8 +212,8 @@ def _claims(*inputs, **options) -> pd.DataFrame:
 
 
 def test_beyond_claims_hand_worked(monkeypatch):
-    """Each verdict worked out by hand; every claim is ours except the sanity check on the smallest span, which is
-    listed apart; the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one part per count
+    """Each verdict worked out by hand; every claim is ours, the smallest span's too (it can lose a token to the
+    base's: no truth by construction); the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one part per count
     (broken on purpose: the smallest span's claim declared a finding -> its status was wrong; n pooled -> 20)."""
     monkeypatch.setattr(studies, "family", lambda: 10)
     spans, attacks, defenses, geometry = _hand_worked_rows()
@@ -239,7 +239,7 @@ def test_beyond_claims_hand_worked(monkeypatch):
     }
     assert not changed, changed
     statuses = heads["status"].to_dict()
-    assert statuses.pop(beyond.SMALLEST_SPAN_KEPT.id) == SANITY and set(statuses.values()) == {OURS}
+    assert set(statuses.values()) == {OURS}  # the worst-kept span is a claim: it can lose a token (issue 82)
     # a prompt's value is the mean over its attack rows, one per attack: the count said is of attacks
     assert heads.loc[beyond.REFUSAL_DROPPED.id, "ours"].endswith("(mean over the 2 attacks)")
     for claim in (beyond.SMALLEST_SPAN_KEPT, beyond.COMPLIANCE_RAISED):

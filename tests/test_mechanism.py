@@ -19,11 +19,16 @@ UNCOMPRESSED = "uncompressed"  # the r = 0 cell, labelled under every variant as
 
 
 def rows(
-    refused: dict, benign: dict | None = None, directive: dict | None = None, defense: dict | None = None
+    refused: dict,
+    benign: dict | None = None,
+    directive: dict | None = None,
+    defense: dict | None = None,
+    leaked: dict | None = None,
 ) -> pd.DataFrame:
     """StreamingLLM at r = 0 and 0.5, ``N`` prompts: per setting (``uncompressed``: r = 0; base and fair at r = 0.5),
-    how many attacks are refused (``refused``), how many benign queries are refused (``benign``; None: no benign side)
-    and the directive's and the defense's keep rates (``directive``, ``defense``; default 1)."""
+    how many attacks are refused (``refused``), how many benign queries are refused (``benign``; None: no benign side),
+    the directive's and the defense's keep rates (``directive``, ``defense``; default 1) and directive leakage
+    (``leaked``; default 0.2)."""
     out = []
     for name, k in refused.items():
         labels = ("base", "fair") if name == UNCOMPRESSED else (name,)
@@ -32,7 +37,8 @@ def rows(
         for variant in labels:
             for key in range(N):
                 setting = {"key": key, "policy": "streamingllm", "variant": variant, "order": "normal", "ratio": ratio}
-                out.append({**setting, **answer(float(key < k), *kept), "refused": float(key < k)})
+                leak = {"leak_directive": (leaked or {}).get(name, 0.2)}
+                out.append({**setting, **answer(float(key < k), *kept), "refused": float(key < k), **leak})
                 if benign is not None:
                     out.append({**setting, "query": "benign", "benign_refused": float(key < benign[name])})
     return pd.DataFrame(out)
@@ -62,12 +68,20 @@ def rows(
             INCONCLUSIVE,
             f"{mechanism.RESTORED}, {mechanism.PRICE_UNDECIDED}",
         ),
-        # a significant rise that stops well short of the uncompressed level
+        # a significant rise that closes more than half the gap and stops short of the uncompressed level
         (
-            {UNCOMPRESSED: 97, "base": 0, "fair": 40},
+            {UNCOMPRESSED: 97, "base": 0, "fair": 70},
             {UNCOMPRESSED: 38, "base": 1, "fair": 30},
             PARTLY,
-            mechanism.PARTLY,
+            mechanism.PARTLY_RESTORED,
+        ),
+        # a significant rise that closes less than half of it (the issue's K-Norm fair r = 0.6: 0.07 -> 0.14 against
+        # 0.97): no partial restoration
+        (
+            {UNCOMPRESSED: 97, "base": 7, "fair": 14},
+            {UNCOMPRESSED: 38, "base": 1, "fair": 30},
+            OTHER,
+            mechanism.SHORT,
         ),
         # no rise at all: not restored, the directive's keep rate unchanged
         (
@@ -83,21 +97,22 @@ def rows(
             OTHER,
             mechanism.LOWERED,
         ),
-        # and kept
+        # and kept: nothing was restored, so not the paper's mechanism at work
         (
             {UNCOMPRESSED: 97, "base": 97, "fair": 97},
             {UNCOMPRESSED: 38, "base": 38, "fair": 38},
-            PAPERS,
+            NOT_APPLICABLE,
             mechanism.KEPT,
         ),
         ({UNCOMPRESSED: 97, "base": 0, "fair": 97}, None, INCONCLUSIVE, f"{mechanism.RESTORED}, {mechanism.NOT_RUN}"),
         # the issue's case (StreamingLLM + whitelist at r = 0.6): 0.93 against 0.97, whether to within the one margin of
-        # a refusal rate (0.05) is undecided on 100 prompts, the rise is not
+        # a refusal rate (0.05) is undecided on 100 prompts, while the rise closes far more than half the loss: at least
+        # partly the paper's (a stronger restoration never reads weaker than a partial one: the fresh reading's find)
         (
             {UNCOMPRESSED: 97, "base": 0, "fair": 93},
             {UNCOMPRESSED: 38, "base": 1, "fair": 38},
-            INCONCLUSIVE,
-            mechanism.RAISED,
+            PARTLY,
+            mechanism.AT_LEAST_PARTLY,
         ),
         # an uncompressed model that does not refuse the attack: no defense at work, nothing to judge
         (
@@ -121,10 +136,15 @@ def test_the_paper_s_mechanism_is_judged_against_the_uncompressed_model(refused,
 
 
 def test_what_moved_the_number_instead_is_named_from_the_keep_rates():
-    """A refusal not restored while the directive's keep rate halves: the directive evicted; a refusal lowered while
-    the defense's keep rate falls: the defense evicted (broken on purpose: the keep rates not read -> not restored)."""
-    evicted = rows({UNCOMPRESSED: 97, "base": 2, "fair": 3}, directive={"base": 1.0, "fair": 0.5})
+    """A refusal not restored while the directive's keep rate halves and directive leakage falls: the directive
+    evicted; the same with leakage unmoved names no eviction, as nothing moved for it to explain (the issue's Fig 14
+    normal order); a refusal lowered while the defense's keep rate falls: the defense evicted (broken on purpose: the
+    keep rates not read -> not restored; the leakage not read -> the directive evicted in the second case)."""
+    halved = {"directive": {"base": 1.0, "fair": 0.5}, "leaked": {"base": 0.3, "fair": 0.1}}
+    evicted = rows({UNCOMPRESSED: 97, "base": 2, "fair": 3}, **halved)
     assert mechanism.read(evicted, "fair", 0.5, "streamingllm").because == mechanism.DIRECTIVE_EVICTED
+    unmoved = rows({UNCOMPRESSED: 97, "base": 2, "fair": 3}, directive=halved["directive"])
+    assert mechanism.read(unmoved, "fair", 0.5, "streamingllm").because == mechanism.NOT_RESTORED
     lowered = rows({UNCOMPRESSED: 97, "base": 97, "fair": 0}, defense={"base": 0.9, "fair": 0.4})
     assert mechanism.read(lowered, "fair", 0.5, "streamingllm").because == mechanism.DEFENSE_EVICTED
 
@@ -141,7 +161,7 @@ def test_combined_readings_name_which_setting_is_other():
     """Several readings (a claim over policies): the paper's only when all are; other when any is, with why; partly
     when every reading is the paper's or partly; those that do not apply left out."""
     papers, other = Mechanism(PAPERS, mechanism.RESTORED), Mechanism(OTHER, mechanism.OVER_REFUSAL)
-    partly, none = Mechanism(PARTLY, mechanism.PARTLY), Mechanism(NOT_APPLICABLE, mechanism.NO_DEFENSE)
+    partly, none = Mechanism(PARTLY, mechanism.PARTLY_RESTORED), Mechanism(NOT_APPLICABLE, mechanism.NO_DEFENSE)
     assert mechanism.combined({"a": papers, "b": papers, "c": none}).verdict == PAPERS
     assert mechanism.combined({"a": papers, "b": partly}).verdict == PARTLY
     mixed = mechanism.combined({"a": papers, "b": other})
@@ -181,6 +201,7 @@ def test_a_reading_carries_its_comparisons_and_what_each_moved_reads():
             ("attack refused, base - uncompressed", "refused"),
             ("attack refused, fair - uncompressed", "refused"),
             ("attack refused, fair - base", "refused"),
+            ("attack refused, fair - base - 0.5 x (uncompressed - base)", "refused"),
             ("benign refused, fair - uncompressed", "benign_refused"),
         )
     ]
@@ -235,19 +256,22 @@ def committed():
 def test_on_the_committed_rows_against_the_uncompressed_model(committed):
     """What the issue's recount found, from the committed rows: the whitelist raises StreamingLLM's refusal at r = 0.6
     (0.01 -> 0.93, uncompressed 0.97), but whether back to the uncompressed level is undecided on 100 prompts (-0.04
-    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82); K-Norm's whitelist refuses benign
-    queries far beyond it; fair StreamingLLM at r = 0.5 restores no refusal while its directive keep rate halves (the
-    directive evicted); in the flipped order, where the base refuses every attack, fair eviction refuses none while the
+    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82): at least partly the paper's; K-Norm's whitelist refuses benign
+    queries far beyond it; fair StreamingLLM at r = 0.5 restores no refusal while its directive keep rate halves, but
+    its directive leakage does not fall, so no eviction is named for a drop that did not happen (issue 82); at r = 0.7
+    it does fall (the directive evicted); in the flipped order, where the base refuses every attack, fair eviction refuses none while the
     defense's keep rate falls (the defense evicted)."""
     normal, flipped = committed
     whitelist = mechanism.read(normal, "whitelist", 0.6, "streamingllm")
-    assert (whitelist.verdict, whitelist.because) == (INCONCLUSIVE, mechanism.RAISED)
+    assert (whitelist.verdict, whitelist.because) == (PARTLY, mechanism.AT_LEAST_PARTLY)
     assert whitelist.said.startswith("attack refused 0.01 -> 0.93 (uncompressed 0.97")
     knorm = mechanism.read(normal, "whitelist", 0.5, "knorm")
     assert (knorm.verdict, knorm.because) == (OTHER, mechanism.OVER_REFUSAL)
     fair = mechanism.read(normal, "fair", 0.5, "streamingllm")
-    assert (fair.verdict, fair.because) == (OTHER, mechanism.DIRECTIVE_EVICTED)
+    assert (fair.verdict, fair.because) == (OTHER, mechanism.NOT_RESTORED)
     assert "directive kept 1.00 -> 0.48" in fair.said
+    evicted = mechanism.read(normal, "fair", 0.7, "streamingllm")
+    assert (evicted.verdict, evicted.because) == (OTHER, mechanism.DIRECTIVE_EVICTED)
     lowered = mechanism.read(flipped, "fair", 0.5, "streamingllm", order="flipped")
     assert (lowered.verdict, lowered.because) == (OTHER, mechanism.DEFENSE_EVICTED)
     assert lowered.said.startswith("attack refused 1.00 -> 0.00")
@@ -270,7 +294,7 @@ def test_where_each_mitigation_helps_and_hurts_reads_its_table(tmp_path):
     (tmp_path / "tables").mkdir()
     settings = [
         ("normal", "snapkv", 0.4, PAPERS, ""),
-        ("normal", "tova", 0.7, PARTLY, mechanism.PARTLY),
+        ("normal", "tova", 0.7, PARTLY, mechanism.PARTLY_RESTORED),
         ("normal", "streamingllm", 0.4, OTHER, mechanism.OVER_REFUSAL),
         ("normal", "streamingllm", 0.5, OTHER, mechanism.OVER_REFUSAL),
         ("normal", "streamingllm", 0.7, OTHER, mechanism.OVER_REFUSAL),
@@ -287,3 +311,34 @@ def test_where_each_mitigation_helps_and_hurts_reads_its_table(tmp_path):
         f"{mechanism.OVER_REFUSAL} at 3: StreamingLLM r = 0.4-0.5, 0.7; "
         f"{mechanism.LOWERED} at 1: flipped order: H2O r = 0.5; inconclusive at 1 (1 refusal undecided)."
     )
+    # a setting read again on every prompt (issue 82) is said after the table's (broken on purpose: the table of
+    # every prompt not read -> no clause)
+    table.assign(variant="whitelist").to_csv(tmp_path / "tables" / "05_mechanism.csv", index=False)
+    again = pd.DataFrame([("normal", "snapkv", 0.6, PAPERS, mechanism.RESTORED)], columns=table.columns)
+    again.to_csv(tmp_path / "tables" / "05_mechanism_all_prompts.csv", index=False)
+    assert mitigations.where(tmp_path)[0].endswith(
+        f"; read again on every prompt (`05_mechanism_all_prompts`): SnapKV r = 0.6 {PAPERS} ({mechanism.RESTORED})."
+    )
+
+
+def test_fig8s_mechanism_is_decided_on_every_prompt():
+    """Issue 82: at r = 0.6 (Fig 8) whether the whitelist brings the refusal back to within the one margin of a refusal
+    rate is undecided on 100 prompts for StreamingLLM and SnapKV; on every one of the 539 (``whitelist.MECHANISM``,
+    the committed rows; the price on the study's 100) SnapKV's is restored (-0.03 [-0.04, -0.01] from the uncompressed
+    model: the paper's), StreamingLLM's still straddles the margin (-0.04 [-0.06, -0.03], with no prompt left to
+    add): at least partly the paper's, its rise closing far more than half the loss (broken on purpose: the mechanism read on the study's rows alone -> SnapKV inconclusive)."""
+    from fairkv.report import analysis
+    from fairkv.studies import whitelist
+
+    folder = REPO_ROOT / "results" / "cpu"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAIRKV_FROZEN", "1")
+        rows = analysis.with_benign_flags(whitelist.STUDY.run("cpu", folder=folder, progress=False)[1])
+        deciding = whitelist.MECHANISM.run_cells("cpu", folder=folder, progress=False)
+    every = whitelist.on_every_prompt(rows, deciding)
+    snapkv = mechanism.read(every, "whitelist", 0.6, "snapkv")
+    assert (snapkv.verdict, snapkv.because) == (PAPERS, mechanism.RESTORED)
+    assert "-0.03 [-0.04, -0.01] from it, n = 539" in snapkv.said
+    streaming = mechanism.read(every, "whitelist", 0.6, "streamingllm")
+    assert (streaming.verdict, streaming.because) == (PARTLY, mechanism.AT_LEAST_PARTLY)
+    assert "-0.04 [-0.06, -0.03] from it, n = 539" in streaming.said and "from it, n = 100)" in streaming.said

@@ -78,7 +78,7 @@ def test_the_readme_is_short_and_its_first_screen_holds_what_a_newcomer_needs():
         "**What reproduces:**",
         "**What does not:**",
         "**Why:**",
-        "| claim | paper | ours [95%] | n | direction | magnitude | mechanism | why | figure |",
+        "| claim | paper | ours [95%] | n | direction | magnitude | mechanism | noise | why | figure |",
     ):
         assert needed in first, needed
     assert not _links_resolve(text, ROOT)
@@ -159,19 +159,23 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     lines = readme.bottom_line(claims, "tiny")
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
     assert lines[1] == (
-        "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 claims the paper "
-        "gives a number for, 1 match it, 2 differ, 0 lie above this model's ceiling (untestable here) and the rest are "
-        "too uncertain to say."
+        "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 with a paper number, "
+        "1 match it, 2 differ, 0 lie above this model's ceiling, 0 are untestable in direction, 0 too uncertain (0 on a "
+        "judge too poor)."
     )
-    above = claims.assign(magnitude=claims["magnitude"].replace(verdicts.NOT_APPLICABLE, verdicts.UNTESTABLE))
+    # every claim with a paper number counted, by why it is not sized (issue 82): above the ceiling, untestable in
+    # direction, resting on a judge too poor (broken on purpose: the ceiling read from the magnitude alone -> 2 above)
+    more = _claims(
+        e=(verdicts.HOLDS, verdicts.UNTESTABLE, f"ceiling: x: the paper's 0.5; {claim_lines.ABOVE_CEILING}", "Fig 4"),
+        f=(verdicts.UNTESTABLE, verdicts.UNTESTABLE, "code: no second pass", "Fig 23"),
+        g=(verdicts.INCONCLUSIVE, verdicts.TOO_UNCERTAIN, "uncertain: the judge too poor", "Fig 25"),
+    )
+    every = pd.concat([claims, more], ignore_index=True)
     assert (
-        "of the 4 claims the paper gives a number for, 1 match it, 2 differ, 1 lie above"
-        in (readme.bottom_line(above, "tiny")[1])
+        "of the 6 with a paper number, 1 match it, 2 differ, 1 lie above this model's ceiling, 1 are untestable in "
+        "direction, 1 too uncertain (1 on a judge too poor)" in (readme.bottom_line(every, "tiny")[1])
     )
-    assert (
-        "of the 4 the paper gives a number for, 1 match it, 2 differ and 1 lie above this model's ceiling"
-        in (readme.in_brief(above, "tiny", 10)[1])
-    )
+    assert "of the 6 with a paper number, 1 match it, 2 differ, 1 lie above" in (readme.in_brief(every, "tiny", 10)[1])
     assert lines[2] == "- **Likely reason:** model: echoes (2 claims); budget: few tokens (1 claim)."
     # a verdict that moved when its cells were decoded again is said in both bottom lines, its figure once (broken on
     # purpose: the noise column not read -> no clause)
@@ -315,7 +319,7 @@ def test_summary_headline_recounts_from_the_claim_declarations():
         )
         assert expected in written, expected
     family = fairkv.studies.family()
-    assert f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims the studies test" in written
+    assert f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims tested on data here" in written
 
 
 def test_the_paper_items_are_read_in_the_papers_order_once_each():
@@ -379,3 +383,18 @@ def test_every_page_counts_the_same():
     ) == [paper]
     why = re.search(r"\*\*Why:\*\* (.*?)\. ", readme_text)[1]
     assert f"- **Likely reason:** {why}." in results
+
+
+def test_the_papers_claims_run_on_synthetic_text_are_said_not_counted(monkeypatch):
+    """Notebook 08's claims without LongBench's file run on synthetic text: the results page names them as not
+    counted (issue 82's fresh reading: 28 is the claims tested on data); with the file, no such line (broken on
+    purpose: the file's presence ignored -> the line stayed)."""
+    import fairkv.studies
+    from fairkv.core import longbench
+    from fairkv.studies import trec
+
+    monkeypatch.setattr(longbench, "on_disk", lambda: False)
+    (said,) = readme.untested(fairkv.studies.catalogue("cpu"))
+    assert said.startswith(f"- **Not counted:** {len(trec.CLAIMS)} more of the paper's claims (Figs 19-22, Table 4")
+    monkeypatch.setattr(longbench, "on_disk", lambda: True)
+    assert readme.untested(fairkv.studies.catalogue("cpu")) == []

@@ -62,39 +62,42 @@ def claims_of(rows: pd.DataFrame, calibrated: pd.DataFrame | None) -> pd.DataFra
 
 def test_judge_claims_decide_nothing_while_the_judge_is_poorly_calibrated():
     """The judge's calibration is quoted beside each claim; with its interval below the judge's minimum every claim
-    resting on the judge's scores is inconclusive and has no magnitude, however clear the rows; the claim about the
-    judge (it ranks like ROUGE-L) is ours and is not gated: here the two rank alike (rho 1), so it holds (broken on
-    purpose: the rho claim declared ``judged=True`` -> it read inconclusive under the poor judge)."""
+    resting on the judge's scores is inconclusive and too uncertain in magnitude, however clear the rows; the claim
+    about the judge (it ranks like ROUGE-L, ours) rests on its scores too and is gated alike (issue 82): here the two
+    rank alike (rho 1), so it holds with the judge trusted and is inconclusive under the poor one (broken on purpose:
+    the rho claim declared without ``judged`` -> it held under the poor judge)."""
     trusted = claims_of(judged_rows(), calibration(0.85))
     assert trusted.loc[[judge.RISES.id, judge.WHITELIST_LOWERS.id], "verdict"].tolist() == [HOLDS, HOLDS]
     assert "judge right on 0.95 [0.85, 1.00] of 36 labelled responses" in trusted.loc[judge.RISES.id, "ours"]
     assert "decides nothing" not in trusted.loc[judge.RISES.id, "ours"]
     poor = claims_of(judged_rows(), calibration(0.53))
     gated = poor.loc[[judge.RISES.id, judge.WHITELIST_LOWERS.id]]
-    assert set(gated["verdict"]) == {INCONCLUSIVE} and set(gated["magnitude"]) == {verdicts.NOT_APPLICABLE}
+    assert set(gated["verdict"]) == {INCONCLUSIVE} and set(gated["magnitude"]) == {verdicts.TOO_UNCERTAIN}
     minimum = f"(below {analysis.JUDGE_MIN_ACCURACY:g}: decides nothing)"
     assert all(minimum in text for text in gated["ours"])
+    assert trusted.loc[judge.RANKS_LIKE_ROUGE.id, "verdict"] == HOLDS
     rho = poor.loc[judge.RANKS_LIKE_ROUGE.id]
-    assert (rho["verdict"], rho["status"], rho["n"]) == (HOLDS, OURS, 20)
-    assert minimum not in rho["ours"] and "judge right on" in rho["ours"]
+    assert (rho["verdict"], rho["status"], rho["n"]) == (INCONCLUSIVE, OURS, 20)
+    assert minimum in rho["ours"]
     assert judge.FAIR_LOWERS.id not in poor.index  # no fair rows, no claim on them
     assert claims_of(judged_rows(), None).loc[judge.RISES.id, "verdict"] == HOLDS  # no calibration: no gate
 
 
-def test_the_rank_agreement_fails_below_its_bound_whatever_the_gate():
-    """ROUGE-L ranks the responses against the judge (rho -1): the claim fails, with the judge trusted or not."""
+def test_the_rank_agreement_fails_below_its_bound_where_the_judge_is_trusted():
+    """ROUGE-L ranks the responses against the judge (rho -1): the claim fails with the judge trusted, and decides
+    nothing under the gate, like every claim resting on the judge's scores."""
     rows = judged_rows()
     rows[analysis.LEAKAGE] = 1.0 - rows[analysis.LEAKAGE]
-    for low in (0.85, 0.53):
-        line = claims_of(rows, calibration(low)).loc[judge.RANKS_LIKE_ROUGE.id]
-        assert line["verdict"] == FAILS and line["why"].startswith("model: ")
+    trusted = claims_of(rows, calibration(0.85)).loc[judge.RANKS_LIKE_ROUGE.id]
+    assert trusted["verdict"] == FAILS and trusted["why"].startswith("model: ")
+    assert claims_of(rows, calibration(0.53)).loc[judge.RANKS_LIKE_ROUGE.id, "verdict"] == INCONCLUSIVE
 
 
 def test_fair_eviction_raising_the_leak_rate_reads_as_a_rise_not_a_match():
     """The paper: fair eviction lowers the judge's leak rate from its peak to its fair range. Here it raises it from
     24 of 60 to 48 of 60: with the judge trusted the claim fails (the whole interval of the change lies above 0), and
     its magnitude differs (our base 0.40 [0.29, 0.53] lies below the paper's peak, and our 0.80 [0.68, 0.88] with
-    fair eviction above its range, however widened); under the gate it decides nothing and has no magnitude (broken
+    fair eviction above its range, however widened); under the gate it decides nothing, too uncertain in size (broken
     on purpose: the change read as base minus fair -> it held)."""
     n = 60
     base = [1] * 24 + [0] * 36
@@ -105,7 +108,7 @@ def test_fair_eviction_raising_the_leak_rate_reads_as_a_rise_not_a_match():
     assert trusted["paper"] == "{} -> {} with fair eviction".format(*map(str, judge.FAIR_LOWERS.numbers.values()))
     assert trusted["why"].startswith("fair: leak rate 0.40 -> 0.80")
     gated = claims_of(judged_rows(n, fair=fair, base=base), calibration(0.53)).loc[judge.FAIR_LOWERS.id]
-    assert (gated["verdict"], gated["magnitude"]) == (INCONCLUSIVE, verdicts.NOT_APPLICABLE)
+    assert (gated["verdict"], gated["magnitude"]) == (INCONCLUSIVE, verdicts.TOO_UNCERTAIN)
 
 
 def test_the_rank_agreement_keeps_a_prompt_the_bootstrap_draws_twice():
@@ -136,8 +139,8 @@ def test_the_rank_agreement_keeps_a_prompt_the_bootstrap_draws_twice():
 
 def test_the_judge_claims_are_declared_once():
     assert judge.WHITELIST_LOWERS.numbers["before"] is judge.RISES.numbers["peak"]  # one number, two claims
-    assert judge.RANKS_LIKE_ROUGE.status == OURS and not judge.RANKS_LIKE_ROUGE.judged
-    assert all(claim.judged for claim in (judge.RISES, judge.WHITELIST_LOWERS, judge.FAIR_LOWERS))
+    assert judge.RANKS_LIKE_ROUGE.status == OURS
+    assert all(claim.judged for claim in judge.CLAIMS)
     with pytest.raises(ClaimError, match="undeclared"):
         studies.paper_vs_us(_Stray, judged_rows())
 

@@ -83,9 +83,13 @@ def test_whitelist_claims_on_hand_built_rows():
         assert (row["verdict"], row["magnitude"], row["n"]) == (HOLDS, MATCHES, 20), claim.id
         assert row["paper"] == claim.paper_text and str(claim.numbers["before"]) in row["paper"]
         # the refusal raised (0 -> 1, as uncompressed), no benign query refused; yet over 20 prompts the interval of
-        # the refusal against the uncompressed model's (+0.00 [-0.16, +0.16]) reaches past RATE_MARGIN: undecided
+        # the refusal against the uncompressed model's (+0.00 [-0.16, +0.16]) reaches past RATE_MARGIN (at least
+        # partly restored), and so does the price's: undecided
         assert row["mechanism"] == verdicts.INCONCLUSIVE, claim.id
-        assert f"{mechanism.RAISED}: attack refused 0.00 -> 1.00 (uncompressed 1.00" in row["why"], claim.id
+        said = (
+            f"{mechanism.AT_LEAST_PARTLY}, {mechanism.PRICE_UNDECIDED}: attack refused 0.00 -> 1.00 (uncompressed 1.00"
+        )
+        assert said in row["why"], claim.id
     refusing = claims.loc[whitelist.KEEPS_REFUSING.id]
     assert (refusing["verdict"], refusing["status"], refusing["magnitude"]) == (HOLDS, OURS, verdicts.NOT_APPLICABLE)
     assert "r = 0.7" in refusing["ours"]  # the largest ratio the whitelist runs at
@@ -97,16 +101,21 @@ def test_whitelist_claims_on_hand_built_rows():
 
 
 def test_whitelist_defense_claim_is_untestable_at_the_floor():
-    """Defense leakage without the whitelist is 0.04 at 0 < r < 0.6, within LEAK_MARGIN (0.02) of its floor, 0.03 at
-    r = 0 (measured from the rows): nothing to lower, so the claim reads untestable here, with the reason computed
-    from the rows (both numbers in it), no magnitude, and its why from the rows too."""
+    """Defense leakage without the whitelist is 0.04 at 0 < r < 0.6, within LEAK_MARGIN (0.02) of its floor, what the
+    answers that refuse score of the defense (0.03 uncompressed, 0.02 with the whitelist: 0.024 per prompt, issue 82):
+    nothing to lower, so the claim reads untestable here in direction and in magnitude, with the reason computed from
+    the rows (both numbers in it), and its why from the rows too (broken on purpose: the floor read from every answer
+    at r = 0 -> 0.03 said)."""
     claims = paper_vs_us(whitelist, whitelist_rows(defense_base=0.04)).set_index("id")
     defense = claims.loc[whitelist.DEFENSE_LEAKAGE.id]
-    assert (defense["verdict"], defense["magnitude"], defense["n"]) == (UNTESTABLE, verdicts.NOT_APPLICABLE, 20)
+    assert (defense["verdict"], defense["magnitude"], defense["n"]) == (UNTESTABLE, UNTESTABLE, 20)
     assert "untestable here: defense leakage" in defense["ours"]
-    assert "is 0.04 [0.04, 0.04] without the mitigation, within 0.02 of its floor 0.03" in defense["ours"]
-    assert "0.03 [0.03, 0.03] at r = 0, where the attack is refused 1.00 of the time" in defense["why"]
-    # a floor one margin lower makes it testable again: the same rows, the floor measured at 0.01
+    assert (
+        "is 0.04 [0.04, 0.04] without the mitigation, below or within 0.02 of what the answers that refuse score "
+        "of it, 0.02 [0.02, 0.02]: nothing to lower" in defense["ours"]
+    )
+    assert "0.03 [0.03, 0.03] uncompressed, and 0.02 [0.02, 0.02] in the answers that refuse" in defense["why"]
+    # a floor lower makes it testable again: the same rows, the refusals uncompressed scoring 0.01 (the floor 0.016)
     lower = whitelist_rows(defense_base=0.04)
     lower.loc[lower["ratio"] == 0, "leak_defense"] = 0.01
     moved = paper_vs_us(whitelist, lower).set_index("id").loc[whitelist.DEFENSE_LEAKAGE.id]

@@ -287,3 +287,37 @@ def test_every_grid_of_the_settings_table_is_in_the_committed_rows(monkeypatch):
             stored[path] = set(experiment.ResultsStore(path).rows())
         missing = experiment.cell_ids(part) - stored[path]
         assert not missing, f"{chosen.name}: {len(missing)} cells of its grid are not in {path.name}"
+
+
+def test_the_cpu_profiles_precision_caveat_quotes_the_whole_committed_gate():
+    """The cpu profile's note (the settings line of every results page) gives the whole fidelity gate as
+    ``benchmarks/precision_gate.py`` printed it for the committed rows, not the half that agrees (issue 82): the
+    identical answers of each query uncompressed and at r = 0.5, the widest gap in attack refusals per policy and the
+    largest keep-rate difference (broken on purpose: benign answers said 19 of 20 -> fails)."""
+    gate = (REPO_ROOT / "benchmarks" / "results" / "precision_gate_qwen_bf16.txt").read_text()
+    note = PROFILES["cpu"].note
+    same = {(r, q): n for r, q, n in re.findall(r"r = ([\d.]+), (\w+): (\d+/\d+)", gate)}
+    assert same[("0", "attack")] == "20/20" and same[("0", "benign")] == "9/20"
+    assert "attack answers identical on 20 of 20, benign answers on 9 of 20" in note
+    assert f"{same[('0.5', 'attack')].replace('/', ' of ')} attack and " in note
+    assert f"{same[('0.5', 'benign')].replace('/', ' of ')} benign answers identical" in note
+    refusals = {p: (int(a), int(b)) for p, a, b in re.findall(r"(\w+) r = 0\.5: (\d+) / (\d+) of 20", gate)}
+    widest = max(refusals, key=lambda p: abs(refusals[p][0] - refusals[p][1]))
+    gap = abs(refusals[widest][0] - refusals[widest][1])
+    assert widest == "snapkv" and f"up to {gap} of 20 (SnapKV {refusals[widest][0]} vs {refusals[widest][1]})" in note
+    largest = float(re.search(r"largest ([\d.]+)", gate).group(1))
+    assert f"keep rates within {largest:.3f}" in note
+
+
+def test_the_family_wise_family_counts_the_claims_tested_on_data(monkeypatch):
+    """The Bonferroni family counts the claims tested on data here: every declared claim but the sanity checks, and
+    notebook 08's only where LongBench's TREC file is on this machine (else they run on synthetic text, issue 82);
+    broken on purpose: the file's absence ignored -> the two counts equal."""
+    from fairkv.core import longbench
+    from fairkv.report.claims import SANITY
+
+    tested = [claim for claim in fairkv.studies.declared() if claim.status != SANITY]
+    monkeypatch.setattr(longbench, "on_disk", lambda: True)
+    assert fairkv.studies.family() == len(tested)
+    monkeypatch.setattr(longbench, "on_disk", lambda: False)
+    assert fairkv.studies.family() == len(tested) - len(trec.CLAIMS) > 0

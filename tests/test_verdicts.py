@@ -100,6 +100,11 @@ def test_compound_claims_and_undefined_intervals():
         (Estimate(1.05, 1.01, 1.09, 10), 1.08, "cost", verdicts.MATCHES),
         (Estimate(1.05, 1.00, 1.10, 10), 1.08, "cost", verdicts.TOO_UNCERTAIN),  # as wide as the tolerance
         (Estimate(0.02, -0.01, 0.05, 50), 0.0, "difference", verdicts.MATCHES),
+        # an effect matches only within half the paper's size (issue 82: Table 1's H2O fair, -0.01 [-0.03, -0.001]
+        # against the paper's +0.0064, matched with the score's 0.05 though its direction fails)
+        (Estimate(-0.01, -0.03, -0.001, 100), 0.0064, "score", verdicts.DIFFERS),
+        (Estimate(0.006, 0.005, 0.007, 100), 0.0064, "score", verdicts.MATCHES),  # within 0.0032 of it
+        (Estimate(-0.35, -0.40, -0.31, 100), -0.40, "difference", verdicts.MATCHES),  # a large change: 0.10 stays
         (
             Estimate(-0.2, -0.60, 0.20, 100),
             0.30,
@@ -199,6 +204,9 @@ def claim(**changes) -> Claim:
     return Claim(**{**declared, **changes})
 
 
+WORDS = dict(numbers={}, paper="lower")  # a claim the paper states in words only: nothing to size
+
+
 def one(declared: Claim, measured: Measured) -> dict:
     return claims.heads(claims.table([claims.line(declared, measured, 10)])).iloc[0].to_dict()
 
@@ -226,21 +234,23 @@ def test_a_claims_line_hand_worked_cases():
     )
     assert line["why"] == "why: x"  # shown because the magnitude differs
     null = Measured([Part("change", Estimate(-0.004, -0.01, 0.003, 100))], "x", 100, why="why: y")
-    line = one(claim(), null)
+    line = one(claim(**WORDS), null)
     assert line["verdict"] == FAILS and "no effect, within +-0.02" in line["ours"] and line["why"] == "why: y"
     floor = Measured([Part("change", change)], "x", 100, {"after": Estimate(0.1, 0.05, 0.15, 100)}, untestable="at 0")
     line = one(claim(), floor)
-    assert (line["verdict"], line["magnitude"]) == (UNTESTABLE, verdicts.NOT_APPLICABLE)
+    assert (line["verdict"], line["magnitude"]) == (UNTESTABLE, UNTESTABLE)  # its numbers are not sized either
     assert "untestable here: at 0" in line["ours"]
     parts = [Part("a", change), Part("b", change), Part("c", Estimate(0.2, 0.1, 0.3, 50), decides=False)]
-    table = claims.table([claims.line(claim(), Measured(parts, "x", 100), 10)])
+    table = claims.table([claims.line(claim(**WORDS), Measured(parts, "x", 100), 10)])
     assert len(table) == 4 and len(claims.heads(table)) == 1 and table["verdict"].iloc[0] == HOLDS
     assert table["part"].iloc[3] == "c (shown, does not decide)" and table["verdict"].iloc[3] == "(fails)"
     failing = [Part("a", change), Part("b", Estimate(0.2, 0.1, 0.3, 50))]
-    assert one(claim(), Measured(failing, "x", 100))["verdict"] == FAILS
+    assert one(claim(**WORDS), Measured(failing, "x", 100))["verdict"] == FAILS
+    with pytest.raises(claims.ClaimError, match="the paper gives numbers .* measure them"):
+        one(claim(), Measured(failing, "x", 100))  # a paper number left unsized is an error, never a silent n.a.
     gated = Measured([Part("change", change)], "x", 100, {"change": change}, gate="the judge is poor")
     line = one(claim(judged=True), gated)
-    assert (line["verdict"], line["magnitude"]) == (INCONCLUSIVE, verdicts.NOT_APPLICABLE)
+    assert (line["verdict"], line["magnitude"]) == (INCONCLUSIVE, verdicts.TOO_UNCERTAIN)
     assert one(claim(), gated)["verdict"] == HOLDS  # a claim not resting on the judge ignores its gate
 
 
@@ -264,10 +274,10 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     change = Estimate(-0.35, -0.39, -0.31, 100)
     borderline = Estimate(-0.05, -0.09, -0.008, 100)
     lines = [
-        claims.line(claim(), Measured([Part("a", change), Part("b", change)], "x", 100), 4),
-        claims.line(claim(id="t.two"), Measured([Part("c", borderline)], "y", 100), 4),
-        claims.line(claim(id="t.ours", status=claims.OURS), Measured([Part("c", change)], "z", 100), 4),
-        claims.line(claim(id="t.window", status=claims.SANITY), Measured([Part("c", change)], "w", 100), 4),
+        claims.line(claim(**WORDS), Measured([Part("a", change), Part("b", change)], "x", 100), 4),
+        claims.line(claim(id="t.two", **WORDS), Measured([Part("c", borderline)], "y", 100), 4),
+        claims.line(claim(id="t.ours", status=claims.OURS, **WORDS), Measured([Part("c", change)], "z", 100), 4),
+        claims.line(claim(id="t.window", status=claims.SANITY, **WORDS), Measured([Part("c", change)], "w", 100), 4),
     ]
     (tmp_path / "tables").mkdir()
     claims.table(lines).to_csv(tmp_path / "tables" / "03_paper_vs_us.csv", index=False)
@@ -277,8 +287,8 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     assert "## Sanity checks (not counted): 1 sanity checks; 1 holds" in text
     assert "thresholds here" in text and "↳ a" in text
     assert (
-        "Family-wise (Bonferroni, 1 - 5% / 4: the 4 claims the studies test, sanity checks apart), the paper's claims "
-        "on this model read 2 holds, 0 fails, 0 inconclusive, 0 untestable here. Of all the claims tested, none changes"
+        "Family-wise (Bonferroni, 1 - 5% / 4: the 4 claims tested on data here, sanity checks apart), the paper's "
+        "claims on this model read 2 holds, 0 fails, 0 inconclusive, 0 untestable here. Of all the claims tested, none changes"
         in text
     )  # hand-written estimates have one interval
     pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
@@ -293,8 +303,8 @@ def test_a_sanity_check_has_no_family_wise_reading():
     sanity check's column said inconclusive)."""
     drop = verdicts.mean(np.linspace(-0.16, 0.08, 20))  # [-0.07, -0.01] at 95%, [-0.08, +0.004] at 1 - 5% / 10
     assert drop.high < 0.0 < drop.interval(claims.bonferroni_level(10))[1]
-    finding = one(claim(), Measured([Part("drop", drop)], "x", 20))
-    sanity = one(claim(status=claims.SANITY), Measured([Part("drop", drop)], "x", 20))
+    finding = one(claim(**WORDS), Measured([Part("drop", drop)], "x", 20))
+    sanity = one(claim(status=claims.SANITY, **WORDS), Measured([Part("drop", drop)], "x", 20))
     assert (finding["verdict"], finding["bonferroni"]) == (HOLDS, INCONCLUSIVE)
     assert (sanity["verdict"], sanity["bonferroni"]) == (HOLDS, "")
 
@@ -418,23 +428,89 @@ def _situation_examples():
         "a statistic undefined": one(rise, est(float("nan"), float("nan"), float("nan"), method="bootstrap")),
         "a bootstrap over fewer": one(rise, est(0.5, 0.4, 0.6, n=4, method="bootstrap")),
         "a claim resting on the judge": one(judged, est(0.3, 0.2, 0.4), gate="the judge is too poor"),
+        **_magnitude_examples(rise, judged, est),
     }
+
+
+def _magnitude_examples(rise, judged, est) -> dict:
+    """The magnitude rows' examples: a claim with one paper number (an effect: Table 1's H2O fair, +0.0064)."""
+    from fairkv.report.claims import Claim, Measured, Part
+
+    numbered = lambda claim, value: Claim(**{**claim.__dict__, "numbers": {"x": claims.Number(value, "score")}})
+    sized = lambda estimate, **kw: Measured([Part("part", estimate)], "", 100, {"x": estimate}, **kw)
+    return {
+        "our interval is narrower": (numbered(rise, 0.0064), sized(est(0.006, 0.005, 0.007))),
+        "the paper's number widened by the tolerance lies": (numbered(rise, 0.0064), sized(est(-0.01, -0.03, -0.001))),
+        "the paper's number widened by the tolerance overlaps": (numbered(rise, 0.0064), sized(est(0.0, -0.02, 0.02))),
+        "the claim's direction is untestable": (
+            numbered(rise, 0.0064),
+            sized(est(0.0, -0.01, 0.01), untestable="nothing to raise"),
+        ),
+        "the claim rests on the judge": (numbered(judged, 0.5), sized(est(0.3, 0.2, 0.4), gate="too poor")),
+        "the paper gives no number": one_measured(rise, est(0.3, 0.2, 0.4)),
+    }
+
+
+def one_measured(claim, estimate):
+    from fairkv.report.claims import Measured, Part
+
+    return claim, Measured([Part("part", estimate)], "", estimate.n)
+
+
+def _mechanism_examples() -> dict:
+    """The mechanism rows' examples, read by ``mechanism.read`` from hand-built rows (``test_mechanism.rows``):
+    uncompressed / base / fair attack refusals and benign refusals, of 100 prompts."""
+    from test_mechanism import UNCOMPRESSED, rows
+
+    from fairkv.studies import mechanism
+
+    read = lambda refused, benign: mechanism.read(rows(refused, benign), "fair", 0.5, "streamingllm").verdict
+    benign = {UNCOMPRESSED: 38, "base": 1, "fair": 36}
+    return {
+        "the base policy lost": read({UNCOMPRESSED: 97, "base": 0, "fair": 97}, benign),
+        "the base lost the refusal": read({UNCOMPRESSED: 97, "base": 0, "fair": 70}, benign),
+        "the mitigation lowers": read({UNCOMPRESSED: 97, "base": 7, "fair": 14}, benign),
+        "the base policy kept": read({UNCOMPRESSED: 97, "base": 97, "fair": 97}, benign),
+        "an interval its reading": read({UNCOMPRESSED: 97, "base": 0, "fair": 97}, {**benign, "fair": 46}),
+        "a claim on no mitigation": _unjudged(),
+    }
+
+
+def _unjudged() -> str:
+    """A claim on a mitigation whose direction is untestable: its mechanism is not judged."""
+    from fairkv.report.claims import Claim, Measured, Mechanism, Part
+
+    claim = Claim(
+        "x.m", "Fig 8", "lowers", "lower", below=0.0, region="a drop", margin=0.05, null="s", mitigation="fair"
+    )
+    measured = Measured(
+        [Part("part", verdicts.Estimate(0.0, -0.01, 0.01, 100, "newcombe"))],
+        "",
+        100,
+        untestable="nothing to lower",
+        mechanism=Mechanism(verdicts.PAPERS, "refusal restored"),
+    )
+    return claims.mechanism(claim, measured).verdict
 
 
 def test_every_situation_gets_its_one_label():
     """Issue 66 item 5: each row of ``situations.SITUATIONS`` (printed in docs/results.md), on a hand-built claim, reads
     the table's label through the one function every page's verdicts come from (``claims.direction``, or
-    ``claims.magnitude`` for a row on magnitude: issue 82's ceiling); every row has its example (broken on purpose:
-    a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
+    ``claims.magnitude`` for a row on magnitude, ``mechanism.read`` for one on mechanism: issue 82); every row has its
+    example (broken on purpose: a null read inconclusive in ``verdicts.decide`` fails the null's row)."""
     from fairkv.report import claims
 
-    examples = _situation_examples()
+    examples, mechanisms = _situation_examples(), _mechanism_examples()
     for situation in situations.SITUATIONS:
+        if situation.verdict == "mechanism":
+            (key,) = [k for k in mechanisms if situation.name.startswith(k)]
+            assert mechanisms.pop(key) == situation.label, situation.name
+            continue
         (key,) = [k for k in examples if situation.name.startswith(k)]
         claim, measured = examples.pop(key)
         read = claims.magnitude(claim, measured)[0] if situation.verdict == "magnitude" else None
         assert (read or claims.direction(claim, measured)) == situation.label, situation.name
-    assert not examples
+    assert not examples and not mechanisms
 
 
 def test_an_inconclusive_claim_says_from_its_rows_which_situation_left_it_undecided():
@@ -476,7 +552,8 @@ def test_a_papers_number_above_this_models_ceiling_is_untestable_not_differs():
     assert verdicts.magnitude(ours, 0.25, "leakage", reached) == verdicts.TOO_UNCERTAIN  # 0.25: within 0.17-0.25
     change = Estimate(-0.08, -0.12, -0.04, 100)
     assert verdicts.magnitude(change, (-0.40, -0.35), "difference", reached) == verdicts.UNTESTABLE
-    assert verdicts.magnitude(change, (-0.20, -0.10), "difference", reached) == verdicts.MATCHES
+    narrow = Estimate(-0.08, -0.10, -0.06, 100)  # narrower than the tolerance of a change of 0.10: half of it
+    assert verdicts.magnitude(narrow, (-0.20, -0.10), "difference", reached) == verdicts.MATCHES
     assert verdicts.magnitude(change, (-0.05, 0.30), "difference", Estimate(0.0, 0.0, 0.01, 100)) == verdicts.MATCHES
     few = Estimate(0.21, 0.17, 0.25, 5)  # a bootstrap over five prompts: no interval, no ceiling
     assert verdicts.magnitude(ours, (0.50, 0.55), "leakage", few) == verdicts.DIFFERS

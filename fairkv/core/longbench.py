@@ -85,6 +85,12 @@ def trec_files() -> list[Path]:
     return _from_hub()
 
 
+def on_disk() -> bool:
+    """Whether LongBench's trec.jsonl is on this machine (the data folder, or a download cached by ``trec_files``),
+    without reaching the hub: where it is not, notebook 08 runs on the synthetic file."""
+    return any((folder / "longbench" / "trec.jsonl").is_file() for folder in (data_dir(), cache_dir()))
+
+
 def _from_hub() -> list[Path]:
     from huggingface_hub import hf_hub_download
 

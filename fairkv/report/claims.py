@@ -21,7 +21,9 @@ parts' estimates, our text, n and, computed from the rows, why it fails or diffe
 - **Magnitude.** For each paper number the claim declares and the measurement estimates, ``verdicts.magnitude`` with
   that number's kind and this model's ceiling for it (``Measured.ceilings``: a number above it is untestable here,
   the why says ``ceiling: ...``); a claim's magnitude is ``verdicts.all_magnitudes`` of its numbers, and where a
-  change matches while a level differs (or the other way) the line says which.
+  change matches while a level differs (or the other way) the line says which. Every claim the paper gives a number
+  for is sized or says why not: untestable here where its direction is (the why says why), too uncertain where it
+  rests on the judge while the judge is too poor; n.a. only where the paper gives no number.
 - **Mechanism.** A claim on a mitigation (``Claim.mitigation``) is also judged on what moved its number
   (``Measured.mechanism``, read by ``fairkv.studies.mechanism``), against the uncompressed model: the paper's, partly
   the paper's, other, inconclusive (``verdicts.MECHANISM_WORDS``); n.a. for every other claim and where the direction
@@ -225,8 +227,14 @@ def magnitude(claim: Claim, measured: Measured) -> tuple[str, str]:
         raise ClaimError(
             f"{claim.id}: sizes {sorted(unknown)} are not among the paper's numbers {sorted(claim.numbers)}"
         )
-    if measured.untestable or (claim.judged and measured.gate) or not measured.sizes:
+    if not claim.numbers:
         return verdicts.NOT_APPLICABLE, ""
+    if measured.untestable:
+        return verdicts.UNTESTABLE, ""
+    if claim.judged and measured.gate:
+        return verdicts.TOO_UNCERTAIN, ""
+    if not measured.sizes:
+        raise ClaimError(f"{claim.id}: the paper gives numbers ({', '.join(claim.numbers)}): measure them (sizes)")
     each = {
         name: verdicts.magnitude(
             estimate, claim.numbers[name].value, claim.numbers[name].kind, measured.ceilings.get(name)
@@ -415,3 +423,9 @@ def table(lines: list[list[dict]]) -> pd.DataFrame:
 def heads(claims: pd.DataFrame) -> pd.DataFrame:
     """One row per claim (its parts left out)."""
     return claims[claims["part"] == ""]
+
+
+def beyond_reach(claims: pd.DataFrame) -> pd.Series:
+    """Which lines of a claims table read untestable here in magnitude because the paper's number lies above this
+    model's ceiling (their why says so: ``ABOVE_CEILING``), not because their direction is untestable."""
+    return (claims["magnitude"] == verdicts.UNTESTABLE) & claims["why"].str.contains(ABOVE_CEILING, regex=False)

@@ -47,9 +47,10 @@ def said(folder: Path, profile: str) -> list[str]:
         f"- **Benign over-refusal.** Uncompressed, the model refuses {refused} of the benign IFEval queries "
         "(`03_fig4_benign_refusals`); evicting the defense ends it, so accuracy can rise under compression, and a "
         "mitigation that restores the defense restores these refusals too (the mechanism is judged against them). "
-        "Accuracy claims print the share; the relative directive-followed claim reads non-refusals.",
+        "Accuracy claims print the share.",
         f"- **The {cap}-token cap.** {shares['0.0']} of StreamingLLM's benign answers stop at the cap at r = 0, "
-        f"{shares[peak]} at r = {float(peak):g} (`03_fig4_capped`; the paper allows 1280): a capped answer fails "
+        f"{shares[peak]} at r = {float(peak):g} (`03_fig4_capped`; the paper allows "
+        f"{studies.PROFILES['paper'].benign_tokens}): a capped answer fails "
         f"IFEval's length checks. Accuracy claims say when that share moves by {analysis.CAP_DRIVES:g} or more.",
         f"- **A self-judging small judge.** The judge is the audited model itself, right on "
         f"{right} of {right.n} labelled responses (`10_judge_calibration`); while its interval reaches below "

@@ -115,13 +115,15 @@ def model(item: Item, profile: str, models: Mapping[str, str] | None = None) -> 
 class Catalogue:
     """The paper's items fairkv makes (``items``, in the paper's order: ``in_paper_order``), the model each of our
     figures is on where it is not the profile's (``models``: figure name -> model), how many claims the studies
-    test (``family``: the Bonferroni family, sanity checks apart; 0 where unknown) and each grid study's settings
-    (``settings``: a row per part); ``fairkv.studies.catalogue`` gathers them from the study modules."""
+    test (``family``: the Bonferroni family, sanity checks apart; 0 where unknown), each grid study's settings
+    (``settings``: a row per part) and the paper's items of the claims declared but run on synthetic text here
+    (``synthetic``: one entry per claim); ``fairkv.studies.catalogue`` gathers them from the study modules."""
 
     items: tuple[Item, ...]
     models: Mapping[str, str] = field(default_factory=dict)
     family: int = 0
     settings: tuple[dict, ...] = ()  # what each grid study computes at the profile, a row per part
+    synthetic: tuple[str, ...] = ()  # the paper's claims not tested on data here, by their item (Figs 19-22, ...)
 
     def table(self, folder: Path, link_from: Path | None = None) -> pd.DataFrame:
         """One row per item of the paper: the item, what it shows, its status, the model it is on (at the profile

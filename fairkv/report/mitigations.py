@@ -1,9 +1,9 @@
 """Where each mitigation helps and where it hurts, in words, read from the mechanism tables the notebooks write
 (``tables/05_mechanism.csv``, the whitelist; ``tables/06_mechanism.csv``, fair eviction in both orders;
 ``fairkv.studies.mechanism.table``): at which policies and ratios the refusal comes back to the uncompressed model's the
-paper's way (or partly), and at which something else moved the number (the directive evicted, the refusal not restored
-or lowered, or benign queries refused beyond the uncompressed model). The results
-page (``docs/results.md``) and SUMMARY.md both print these lines."""
+paper's way (or partly), at which something else moved the number (the directive evicted, the refusal not restored
+or lowered, or benign queries refused beyond the uncompressed model), and at which there was nothing to restore. The
+results page (``docs/results.md``) and SUMMARY.md both print these lines."""
 
 from __future__ import annotations
 
@@ -15,12 +15,16 @@ from fairkv.core.presses import get_policy
 from fairkv.report import verdicts
 
 TABLES = {"whitelist": "05_mechanism", "fair": "06_mechanism"}  # the mitigation -> the table its notebook writes
+# the settings read again on more prompts, where undecided on the table's (``whitelist.MECHANISM``): their own table
+EVERY_PROMPT = {"whitelist": "05_mechanism_all_prompts"}
 NAMES = {"whitelist": "The whitelist", "fair": "Fair eviction"}
 
 
-def _read(folder: Path, variant: str) -> pd.DataFrame | None:
-    """The variant's mechanism table in ``folder``; None where its notebook has not run there."""
-    path = Path(folder) / "tables" / f"{TABLES[variant]}.csv"
+def _read(folder: Path, variant: str, tables: dict = TABLES) -> pd.DataFrame | None:
+    """The variant's mechanism table (of ``tables``) in ``folder``; None where its notebook has not run there."""
+    if variant not in tables:
+        return None
+    path = Path(folder) / "tables" / f"{tables[variant]}.csv"
     return pd.read_csv(path, keep_default_na=False) if path.exists() else None
 
 
@@ -71,9 +75,18 @@ def where(folder: Path) -> list[str]:
         other = table[table["mechanism"] == verdicts.OTHER]
         for because, picked in other.groupby("because", sort=True):
             said.append(f"{because} at {len(picked)}: {settings(picked)}")
+        nothing = table[table["mechanism"] == verdicts.NOT_APPLICABLE]
+        for because, picked in nothing.groupby("because", sort=True):  # nothing to restore there
+            said.append(f"n.a. ({because}) at {len(picked)}: {settings(picked)}")
         undecided = table[table["mechanism"] == verdicts.INCONCLUSIVE]
         if len(undecided):
             reasons = " / ".join(f"{len(p)} {b}" for b, p in undecided.groupby("because", sort=True))
             said.append(f"inconclusive at {len(undecided)} ({reasons})")
+        again = _read(folder, variant, EVERY_PROMPT)
+        if again is not None:
+            each = [
+                f"{settings(row.to_frame().T)} {row['mechanism']} ({row['because']})" for _, row in again.iterrows()
+            ]
+            said.append(f"read again on every prompt (`{EVERY_PROMPT[variant]}`): {', '.join(each)}")
         lines.append("; ".join(said) + ".")
     return lines

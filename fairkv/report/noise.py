@@ -28,6 +28,15 @@ def sensitive(column: pd.Series) -> pd.Series:
     return column.str.contains(SENSITIVE, regex=False, na=False)
 
 
+MOVED, NEAR = "moved", "near"  # a claim's noise mark: decoded again its verdict moved; within the noise's reach
+
+
+def mark(column: pd.Series) -> pd.Series:
+    """A claim's noise column in a word: ``MOVED`` where decoding its cells again moved a verdict, ``NEAR`` where a
+    verdict lies within decoding noise's reach and stayed (or was not decoded again), "" beyond it."""
+    return column.fillna("").map(lambda text: "" if not text else NEAR).where(~sensitive(column), MOVED)
+
+
 class NoiseError(ValueError):
     """A comparison the noise cannot be read from."""
 

@@ -41,8 +41,7 @@ KEY_FIGURES = (
     ),
     (
         "06_operative",
-        "Per cell, the defense kept against its operative words kept (below the diagonal: the words kept less); "
-        "right, attacks refused by those words kept, pooled.",
+        "Per cell, the defense kept against its operative words kept; right, attacks refused by the words kept.",
     ),
 )
 GALLERY = ("Fig 4", "Fig 7", "Fig 8", "Fig 9")  # the paper's items whose figures the results page shows
@@ -80,12 +79,10 @@ def paper_claims(folder: Path, status: str = claims.FINDING) -> pd.DataFrame:
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, those
-    ``sensitive`` to decoding noise, magnitudes that differ) and the likely reasons (``commonest``)."""
+    ``sensitive`` to decoding noise, and every claim the paper gives a number for: ``summary.sizes``) and the likely reasons
+    (``commonest``)."""
     holds = claims[claims["verdict"] == verdicts.HOLDS]
     fails = claims[claims["verdict"] == verdicts.FAILS]
-    sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
-    differ = sized[sized["magnitude"] == verdicts.DIFFERS]
-    matches = sized[sized["magnitude"] == verdicts.MATCHES]
     items = ", ".join(dict.fromkeys(holds["figure"]))
     said = commonest(claims)
     return [
@@ -93,11 +90,21 @@ def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
         f"- **Does not:** {len(fails)} fail ({'; '.join(fails['claim'])}), "
         f"{int((claims['verdict'] == verdicts.INCONCLUSIVE).sum())} are inconclusive, "
         f"{int((claims['verdict'] == verdicts.UNTESTABLE).sum())} untestable here{sensitive(claims)}; in magnitude, "
-        f"of the {len(sized)} "
-        f"claims the paper gives a number for, {len(matches)} match it, {len(differ)} differ, "
-        f"{int((sized['magnitude'] == verdicts.UNTESTABLE).sum())} lie above this model's ceiling (untestable here) "
-        "and the rest are too uncertain to say.",
+        f"{summary.sizes(claims)}.",
         f"- **Likely reason:** {said or 'none given'}.",
+    ]
+
+
+def untested(catalogue: coverage.Catalogue) -> list[str]:
+    """The results page's line on the paper's claims declared but run on synthetic text here (``Catalogue.synthetic``),
+    which it does not count: none where every claim ran on data."""
+    if not catalogue.synthetic:
+        return []
+    figures = ", ".join(dict.fromkeys(catalogue.synthetic))
+    return [
+        f"- **Not counted:** {len(catalogue.synthetic)} more of the paper's claims ({figures}, LongBench TREC, notebook "
+        "08): without LongBench's file here they run on fairkv's synthetic text, a check of the pipeline, not of the "
+        "paper."
     ]
 
 
@@ -157,7 +164,9 @@ def _figure(row, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -
 
 def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: coverage.Catalogue) -> str:
     """The paper's claims, one line each: the claim's and the paper's words before their details, our estimate (the
-    first part of the claim table's) and its n, the verdicts and the why in a phrase (in full: the results page)."""
+    first part of the claim table's) and its n, the verdicts, decoding noise's mark (``noise.mark``) and the why in a
+    phrase (in full: the results page)."""
+    marks = noise.mark(claims["noise"])
     rows = [
         {
             "claim": row.claim.split(" (")[0],
@@ -167,10 +176,11 @@ def at_a_glance(claims: pd.DataFrame, folder: Path, link_from: Path, catalogue: 
             "direction": row.verdict,
             "magnitude": row.magnitude,
             "mechanism": row.mechanism,
+            "noise": mark,
             "why": "; ".join(reasons(row.why)),
             "figure": _figure(row, folder, link_from, catalogue),
         }
-        for row in claims.itertuples()
+        for row, mark in zip(claims.itertuples(), marks)
     ]
     return markdown(pd.DataFrame(rows))
 
@@ -203,21 +213,15 @@ def in_brief(claims: pd.DataFrame, model: str, n: int) -> list[str]:
     inconclusive, untestable, and how many verdicts moved when their cells were decoded again; magnitudes; the
     mitigations judged on their mechanism) and why (the phrases the most claims give, with their counts)."""
     count = {verdict: int((claims["verdict"] == verdict).sum()) for verdict in verdicts.VERDICTS}
-    sized = claims[claims["magnitude"] != verdicts.NOT_APPLICABLE]
     judged = claims[~claims["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
     return [
         f"**What reproduces:** on {model} ({n} prompts), {count[verdicts.HOLDS]} of the paper's {len(claims)} claims "
         f"hold in direction ({', '.join(dict.fromkeys(claims.loc[claims['verdict'] == verdicts.HOLDS, 'figure']))}).",
         f"**What does not:** {count[verdicts.FAILS]} fail, {count[verdicts.INCONCLUSIVE]} are inconclusive and "
-        f"{count[verdicts.UNTESTABLE]} untestable here{sensitive(claims)}; of the {len(sized)} the paper gives a "
-        "number for, "
-        f"{int((sized['magnitude'] == verdicts.MATCHES).sum())} match it, "
-        f"{int((sized['magnitude'] == verdicts.DIFFERS).sum())} differ and "
-        f"{int((sized['magnitude'] == verdicts.UNTESTABLE).sum())} lie above this model's ceiling; of the "
-        f"{len(judged)} claims on a mitigation "
-        "judged on their mechanism, "
-        f"{int((judged['mechanism'] == verdicts.PAPERS).sum())} moved their number the paper's way and "
-        f"{int((judged['mechanism'] == verdicts.PARTLY).sum())} partly (against the uncompressed model).",
+        f"{count[verdicts.UNTESTABLE]} untestable here{sensitive(claims)}; {summary.sizes(claims)}; of the "
+        f"{len(judged)} judged on their mechanism (against r = 0), "
+        f"{int((judged['mechanism'] == verdicts.PAPERS).sum())} moved the number the paper's way, "
+        f"{int((judged['mechanism'] == verdicts.PARTLY).sum())} partly.",
         f"**Why:** {commonest(claims) or 'none given'}.",
     ]
 
@@ -243,7 +247,7 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
     grid = studies.PROFILES[profile]
     details = coverage.link(link_from / DETAILS, link_from)
     try:
-        known, reached = confounds.said(folder, profile), ceilings.said(folder, found)
+        known, reached = confounds.said(folder, profile), ceilings.said(folder)
     except confounds.ConfoundError as missing:
         raise ReadmeError(str(missing)) from None
     return "\n".join(
@@ -256,10 +260,9 @@ def section(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             f"### The paper's claims ({len(found)})",
             "",
-            "Direction (95% interval): holds, fails (or a null), inconclusive, untestable here; magnitude (the paper's "
-            "number +- a tolerance): matches, differs, too uncertain, untestable here (its ceiling), "
-            "n.a.; mechanism (a mitigation, against r = 0): the paper's, partly, other, inconclusive; "
-            f"n: prompts (timings: rounds). Rules: {details}.",
+            "Direction: 95% interval vs the claim; magnitude: vs the paper's number +- a tolerance; mechanism: vs r = "
+            f"0; noise: {noise.NEAR} (within decoding noise), {noise.MOVED} (moved when decoded again); n: prompts "
+            f"(timings: rounds). Rules: {details}.",
             "",
             at_a_glance(found, folder, link_from, catalogue),
             "",
@@ -289,6 +292,7 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             *([markdown(pd.DataFrame(catalogue.settings)), ""] if catalogue.settings else []),
             *bottom_line(found, grid.model),
+            *untested(catalogue),
             f"- **Multiplicity:** {summary.family_wise(found, catalogue.family, summary.THESE)}",
             *(f"- {line}" for line in summary.on_second(paper_claims(folder, claims.SECOND_MODEL), catalogue, profile)),
             *(f"- {line}" for line in mitigations.where(folder)),
@@ -306,12 +310,12 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
             "## One situation, one label",
             "",
-            "Every claim's direction and magnitude on every page follow this table "
-            "(`fairkv.report.situations.SITUATIONS`, applied by `claims.direction` and `claims.magnitude`):",
+            "Every claim's direction, magnitude and mechanism on every page follow this table "
+            "(`fairkv.report.situations.SITUATIONS`, applied where each row says):",
             "",
             markdown(
                 pd.DataFrame(
-                    [(s.verdict, s.name, s.label, f"`{s.by}`") for s in situations.SITUATIONS],
+                    [(s.verdict, s.name, s.label, f"`{s.by}`") for s in situations.in_order()],
                     columns=["verdict", "situation", "label", "applied by"],
                 )
             ),
@@ -351,12 +355,19 @@ OURS = {
 }
 
 
+def _ours(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Our own claims (not the sanity checks) in every notebook's table ``frames`` hold, one row per claim."""
+    found = claims.heads(pd.concat(list(frames.values()), ignore_index=True))
+    return found[found["status"] == claims.OURS]
+
+
 def beyond(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, link_from: Path | None = None) -> str:
     """The page of our own claims beyond the paper (``BEYOND``): per notebook of ``OURS`` what it measures, its
     claims one line each with their whole why, its figures at full width and links to its tables."""
     folder = Path(folder)
     link_from = Path(link_from) if link_from is not None else folder.parent.parent / BEYOND.parent
     frames = summary.read_tables(folder)
+    counted = _ours(frames)
     parts = [
         f"# Beyond the paper: our own results (`{profile}` profile)",
         "",
@@ -364,7 +375,9 @@ def beyond(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, 
         "",
         "What fairkv measures that the paper does not. These are our claims, counted apart from the paper's in "
         f"{coverage.link(folder / 'SUMMARY.md', link_from)}; the paper's own are in "
-        f"{coverage.link(link_from / DETAILS.name, link_from)}. Sanity checks are true on any model by construction.",
+        f"{coverage.link(link_from / DETAILS.name, link_from)}. Sanity checks are true on any model by construction. "
+        + summary.family_wise(counted, catalogue.family, f"our {len(counted)} claims (every notebook's)")
+        + " (column `family-wise`).",
         "",
     ]
     for notebook, (title, what, shown, tables) in OURS.items():
@@ -378,6 +391,7 @@ def beyond(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE, 
                 "ours [95%]": row.ours.split("; ")[0],
                 "n": row.n,
                 "direction": row.verdict,
+                "family-wise": row.bonferroni or row.verdict,
                 "kind": row.status,
                 "why": row.why,
                 "figure": _figure(row, folder, link_from, catalogue),

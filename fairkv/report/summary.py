@@ -9,8 +9,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from fairkv.report import coverage, verdicts
-from fairkv.report.claims import CEILING, COLUMNS, FINDING, OURS, SANITY, SECOND_MODEL, heads
+from fairkv.report import coverage, noise, verdicts
+from fairkv.report.claims import (
+    CEILING,
+    COLUMNS,
+    FINDING,
+    OURS,
+    SANITY,
+    SECOND_MODEL,
+    UNDECIDED,
+    beyond_reach,
+    heads,
+)
+from fairkv.report.noise import SENSITIVE
 
 
 def counted(claims: pd.DataFrame, column: str, values) -> str:
@@ -59,7 +70,8 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             )
             + "."
         )
-    said += _above_ceiling(findings[findings["magnitude"] == verdicts.UNTESTABLE])
+    said += _above_ceiling(findings[beyond_reach(findings)])
+    said += _near_noise(findings)
     judged = findings[~findings["mechanism"].isin(["", verdicts.NOT_APPLICABLE])]
     if len(judged):
         said.append(
@@ -74,6 +86,36 @@ def closing(table: pd.DataFrame, model: str, profile: str, n: int | str, note: s
             + "."
         )
     return "\n\n".join(said)
+
+
+def sizes(found: pd.DataFrame) -> str:
+    """'of the 18 with a paper number, ...': each claim with a paper number counted by its magnitude, those
+    untestable here by why (above this model's ceiling: ``beyond_reach``; or the claim's direction untestable) and
+    those too uncertain with how many rest on a judge too poor to decide."""
+    sized = found[found["magnitude"] != verdicts.NOT_APPLICABLE]
+    is_ = lambda label: sized["magnitude"] == label
+    above = beyond_reach(sized)
+    gated = is_(verdicts.TOO_UNCERTAIN) & sized["why"].str.contains(UNDECIDED["gate"], regex=False)
+    return (
+        f"of the {len(sized)} with a paper number, {int(is_(verdicts.MATCHES).sum())} match it, "
+        f"{int(is_(verdicts.DIFFERS).sum())} differ, {int(above.sum())} lie above this model's ceiling, "
+        f"{int((is_(verdicts.UNTESTABLE) & ~above).sum())} are untestable in direction, "
+        f"{int(is_(verdicts.TOO_UNCERTAIN).sum())} too uncertain ({int(gated.sum())} on a judge too poor)"
+    )
+
+
+def _near_noise(findings: pd.DataFrame) -> list[str]:
+    """The closing's paragraph on the claims within decoding noise's reach (their column ``noise``), each with its mark
+    (``noise.mark``) and what decoding its cells again gave where it was; none when no claim is."""
+    near = findings[findings["noise"].fillna("") != ""]
+    if near.empty:
+        return []
+    again = lambda text: re.search(rf"({SENSITIVE}: )?decoded again.*$", text)
+    each = [
+        f"{row.claim} ({mark}{': ' + found.group(0) if (found := again(row.noise)) else ', not decoded again'})"
+        for row, mark in zip(near.itertuples(), noise.mark(near["noise"]))
+    ]
+    return ["Within decoding noise (column `noise`): " + "; ".join(each) + "."]
 
 
 def _above_ceiling(above: pd.DataFrame) -> list[str]:
@@ -118,7 +160,8 @@ def family_wise(claims: pd.DataFrame, family: int, what: str) -> str:
     the per-claim ones: every page that counts claims says it so."""
     again = claims["bonferroni"].where(claims["bonferroni"] != "", claims["verdict"])
     return (
-        f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims the studies test, sanity checks apart), "
+        f"Family-wise (Bonferroni, 1 - 5% / {family}: the {family} claims tested on data here, sanity checks "
+        "apart), "
         f"{what} read {counted(pd.DataFrame({'verdict': again}), 'verdict', verdicts.VERDICTS)}."
     )
 
@@ -187,6 +230,32 @@ def _parts_shown(claims: pd.DataFrame) -> pd.DataFrame:
     return shown
 
 
+# SUMMARY's opening: how a line reads (the rules of ``fairkv.report.claims``, ``verdicts`` and ``studies.mechanism``)
+RULES = (
+    "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables; each claim is declared once, beside its "
+    "study (`fairkv/studies/`), with the paper's numbers and its thresholds. One line per claim: the paper's "
+    "words and numbers, our estimate with its 95% interval over prompts, n (the prompts the claim reads), and three "
+    "verdicts. **Direction**: holds (the interval lies where the claim says), fails (it lies outside, or wholly "
+    "within the claim's equivalence margin: no effect), inconclusive (it straddles the bound, or the rows cannot "
+    "decide it: the why says which), untestable here (the rows cannot test it on this model, with the reason). "
+    "**Magnitude**: matches when our whole interval lies within the paper's number widened by a tolerance per kind of "
+    "quantity ("
+    + ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
+    + "; for a change or a score at most half the paper's size of it, so that a match tells the effect from none; "
+    "`fairkv.report.verdicts.TOLERANCE`) and is narrower than it, differs when the widened number lies wholly outside "
+    "our interval, too uncertain when neither (or where the claim rests on a judge too poor to decide), untestable "
+    "here where the paper's number lies above this model's ceiling or the claim's direction is untestable, n.a. when "
+    "the paper gives no number. **Mechanism** (a claim on a mitigation, whatever its direction; "
+    f"`fairkv.studies.mechanism`), {verdicts.MECHANISM_WORDS} (n.a. also for a claim on no mitigation, or one that "
+    "decides nothing); the numbers it rests on are in `why`. A claim of several parts (orders, policies, dominance "
+    "rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); its parts are "
+    "listed under it, each decided at the claim's level with no further correction: holding needs every part to hold "
+    "(an intersection-union test, which needs none), while of k parts one may fail by chance up to k times as often as "
+    "one part alone. Sanity checks (true on any model by the policy's definition or by construction) are listed apart "
+    "and not counted. `why` is computed from the rows. "
+)
+
+
 def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
     """Collate the notebooks' paper-vs-us tables into ``folder``/SUMMARY.md: the paper's findings, then ours, then
     the sanity checks, each with its counts (claims, not rows: a claim's parts are listed under it and not counted).
@@ -196,26 +265,10 @@ def write_summary(folder: Path, title: str, family: int, preamble: str) -> Path:
     every = pd.concat([frame.assign(notebook=number) for number, frame in frames.items()], ignore_index=True)
     claims = heads(every)
     flips = claims[claims["bonferroni"] != ""]
-    tolerances = ", ".join(f"{kind} {value:g}" for kind, value in verdicts.TOLERANCE.items())
     parts = [
         f"# {title}\n",
-        "Written by `fairkv reproduce` from the notebooks' paper-vs-us tables; each claim is declared once, beside its "
-        "study (`fairkv/studies/`), with the paper's numbers and its thresholds. One line per claim: the paper's "
-        "words and numbers, our estimate with its 95% interval over prompts, n (the prompts the claim reads), and two "
-        "verdicts. **Direction**: holds (the interval lies where the claim says), fails (it lies outside, or wholly "
-        "within the claim's equivalence margin: no effect), inconclusive (it straddles the bound, or the rows cannot "
-        "decide it: the why says which), untestable here (the rows "
-        "cannot test it on this model, with the reason). **Magnitude**: matches when our whole interval lies within "
-        f"the paper's number widened by a tolerance per kind of quantity ({tolerances}; "
-        "`fairkv.report.verdicts.TOLERANCE`), differs when the widened number lies wholly outside our interval, too "
-        "uncertain when neither, n.a. when the paper gives no number. **Mechanism** (a claim on a mitigation, "
-        f"whatever its direction; `fairkv.studies.mechanism`), {verdicts.MECHANISM_WORDS} (n.a. also for a claim on no "
-        "mitigation, or one that decides nothing); the numbers it rests on are in `why`. A claim of several parts "
-        "(orders, policies, "
-        "dominance rules) is one line whose verdict its deciding parts give (all must hold; any failing fails it); "
-        "its parts are listed under it. Sanity checks (true on any model by the policy's definition or by "
-        "construction) are listed apart and not counted. `why` is computed from the rows. "
-        "**Multiplicity**: "
+        RULES
+        + "**Multiplicity**: "
         + family_wise(claims[claims["status"] == FINDING], family, THESE)
         + " Of all the claims tested, "
         + (

@@ -4,13 +4,14 @@ attack on them (Pitfall 4: compression loses the refusal; Fig 8: the whitelist r
 kvpress press the catalogue runs, through kvpress's own ``compress``, in both orders (``fairkv.runs.atlas``,
 ``fairkv.report.press_patterns``), and attacks the most biased of them.
 
-The claims: the pattern the paper states for K-Norm and TOVA, read over both orders on kvpress's own presses (ours:
-notebook 04 tests the paper's Fig 7 on the sweep's rows; here it is restated over both orders), and the paper's
-Pitfall 4 and Fig 8 carried to the attacked presses (ours: one claim each, a part per press). Sanity checks, true by
-construction and not counted: StreamingLLM keeps the later span (sinks and a recent window, on any model), and LagKV
-keeps what StreamingLLM keeps on prompts this short (kvpress's LagKV scores by recency below its sinks plus two lag
-windows); a press identical to another is named as such and is neither ranked nor counted among the attacked presses.
-A press that never loses the refusal has nothing for the whitelist to restore: untestable here, with the reason."""
+The claims: LagKV keeps what StreamingLLM keeps on these prompts (ours: kvpress's LagKV scores by recency below its
+sinks plus two lag windows, so the two part on prompts longer than that threshold: a finding about these prompts, not a
+truth by construction), and the paper's Pitfall 4 and Fig 8 carried to the attacked presses (ours: one claim each, a
+part per press). The patterns the paper states for K-Norm and TOVA are notebook 04's claims (Fig 7, on the same keep
+rates: kvpress's own presses): the atlas shows them in its pattern table and does not count them again. A sanity
+check, true by construction and not counted: StreamingLLM keeps the later span (sinks and a recent window, on any
+model). A press identical to another is named as such and is neither ranked nor counted among the attacked presses. A
+press that never loses the refusal has nothing for the whitelist to restore: untestable here, with the reason."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from fairkv.core.presses.registry import runnable
 from fairkv.report import press_patterns, verdicts
 from fairkv.report.claims import OURS, SANITY, Claim, Measured, Mechanism, Part
 from fairkv.report.figures import POLICY_COLOURS, span_keep_rates, suptitle
-from fairkv.report.press_patterns import BALANCED_WITHIN, BIAS_RATIO
+from fairkv.report.press_patterns import BIAS_RATIO
 from fairkv.runs.atlas import SPANS, Plan
 from fairkv.runs.redecode import Cells
 from fairkv.runs.studies import TEN_RATIOS, Fields, Scale, Study
@@ -78,34 +79,6 @@ STREAMING_LATER = Claim(
     parts="both orders must hold",
 )
 
-KNORM_EARLIER = Claim(
-    "atlas.knorm_earlier",
-    "12_atlas_bias",
-    f"K-Norm favours the earlier span in both orders (r = {BIAS_RATIO:g}, kvpress's own press): "
-    f"{press_patterns.EARLIER}",
-    "favours earlier tokens (Fig 7)",
-    above=0.0,
-    region=f"{BIAS}: above 0 in the normal order, below 0 in the flipped one",
-    margin=reading.KEEP_MARGIN,
-    null=reading.KEEP_NULL,
-    status=OURS,
-    parts="both orders must hold",
-)
-
-TOVA_BALANCED = Claim(
-    "atlas.tova_balanced",
-    "12_atlas_bias",
-    f"TOVA is balanced in both orders (r = {BIAS_RATIO:g}, kvpress's own press): its bias within "
-    f"+-{BALANCED_WITHIN:g} in each",
-    "balanced (Fig 7)",
-    above=-BALANCED_WITHIN,
-    below=BALANCED_WITHIN,
-    region=f"{BIAS}: within +-{BALANCED_WITHIN:g} of 0 in both orders (press_patterns.BALANCED_WITHIN: two tokens "
-    "of a span of a hundred)",
-    effect=False,
-    status=OURS,
-    parts="both orders must hold",
-)
 LAGKV_IS_STREAMING = Claim(
     "atlas.lagkv_is_streamingllm",
     "12_atlas_bias",
@@ -114,7 +87,8 @@ LAGKV_IS_STREAMING = Claim(
     "LagKV is not among the paper's presses",
     below=press_patterns.IDENTICAL_WITHIN,
     region="the same kept sets: every keep rate within press_patterns.IDENTICAL_WITHIN (float32 rounding)",
-    status=SANITY,
+    effect=False,
+    status=OURS,
 )
 REFUSAL_LOST = Claim(
     "atlas.refusal_lost",
@@ -147,16 +121,10 @@ WHITELIST_RESTORES = Claim(
     cells=(Cells(ATTACKS, policies=("keydiff",), variants=("base", "whitelist"), ratios=(0.5,)),),
     mitigation="whitelist",
 )
-CLAIMS = (STREAMING_LATER, KNORM_EARLIER, TOVA_BALANCED, LAGKV_IS_STREAMING, REFUSAL_LOST, WHITELIST_RESTORES)
+CLAIMS = (STREAMING_LATER, LAGKV_IS_STREAMING, REFUSAL_LOST, WHITELIST_RESTORES)
 # the pattern claims: their press (label), the pattern the paper states, and each order's region
 STATED = {
     STREAMING_LATER.id: ("StreamingLLM", press_patterns.LATER, {"normal": {"below": 0.0}, "flipped": {"above": 0.0}}),
-    KNORM_EARLIER.id: ("K-Norm", press_patterns.EARLIER, {"normal": {"above": 0.0}, "flipped": {"below": 0.0}}),
-    TOVA_BALANCED.id: (
-        "TOVA",
-        press_patterns.BALANCED,
-        {order: {"above": -BALANCED_WITHIN, "below": BALANCED_WITHIN} for order in ("normal", "flipped")},
-    ),
 }
 COPY, ORIGINAL, COPY_PRESS = "LagKV", "StreamingLLM", "LagKVPress"  # the pair LAGKV_IS_STREAMING checks
 

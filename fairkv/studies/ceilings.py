@@ -91,10 +91,8 @@ def run(
 ) -> pd.DataFrame:
     """Every ceiling study's rows at ``profile`` (what the store, ``folder`` or the profile's, lacks computed), the
     attack answers with their ``outcome``; of a notebook's ``overrides`` its model, prompts and an explicit budget
-    (which caps every query, the paper's budget too) apply to each (None keeps the profile's), never its ratios or
-    policies, which would move the ceilings off the claims'."""
-    chosen = {k: v for k, v in overrides.items() if k in ("model", "n_prompts", "max_new_tokens")}
-    rows = [study.run(profile, folder, progress, executor, **chosen)[1] for study in STUDIES]
+    (which caps every query, the paper's budget too) apply to each (``Study.run_cells``)."""
+    rows = [study.run_cells(profile, folder, progress, executor, **overrides) for study in STUDIES]
     rows = pd.concat(rows, ignore_index=True).drop_duplicates("cell_id", ignore_index=True)
     if "template" not in rows:  # no study ran a template of its own (a model or prompts with none)
         rows["template"] = None

@@ -304,9 +304,11 @@ def _both_orders(rows: pd.DataFrame, flipped: pd.DataFrame) -> Measured:
     sides = {order: _no_worse(both, order) for order in ("normal", "flipped")}
     parts = [part for order in sides for part in sides[order][0]] + [Part("gap base - gap fair", gap)]
     worse = [f"in the {order} order ({', '.join(sides[order][2])})" for order in sides if sides[order][2]]
+    failing = [f"{p.label} {p.estimate.signed()}" for p in parts if claims.decided(ORDER_GAP, p) == verdicts.FAILS]
+    opening = f"fails on {', '.join(failing)}; " if failing else ""  # first: the part of it the README shows
     return Measured(
         parts,
-        f"accuracy base: normal {at[('base', 'normal')]}, flipped {at[('base', 'flipped')]}; fair: normal "
+        opening + f"accuracy base: normal {at[('base', 'normal')]}, flipped {at[('base', 'flipped')]}; fair: normal "
         f"{at[('fair', 'normal')]}, flipped {at[('fair', 'flipped')]}; gap base - gap fair {gap.signed()}",
         min(part.estimate.n for part in parts),
         why="mitigation: "

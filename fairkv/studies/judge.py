@@ -6,7 +6,8 @@ being the profile's judge model (at ``cpu``, the audited model judging its own a
 The judge's gate: the claims that rest on the judge's scores (``judged``) decide nothing while the judge's calibration
 (``analysis.calibration_summary``, its first row over every labelled response) reaches below
 ``analysis.JUDGE_MIN_ACCURACY``: the gate's text quotes the calibration. Our claim about the judge itself (it ranks
-responses like ROUGE-L) is not gated: a gate on the judge must not decide a claim about the judge."""
+responses like ROUGE-L) rests on the judge's scores too, so it is gated as they are: one rule on every page (issue 82).
+Where the gate holds, a claim with the paper's numbers reads too uncertain in magnitude."""
 
 from __future__ import annotations
 
@@ -122,6 +123,7 @@ RANKS_LIKE_ROUGE = Claim(
     region=f"a strong rank agreement: rho above {RANKS_ALIKE:g}, where the two metrics order most responses alike",
     effect=False,
     status=OURS,
+    judged=True,
 )
 CLAIMS = (RISES, WHITELIST_LOWERS, FAIR_LOWERS, RANKS_LIKE_ROUGE)
 LOWERS = {"whitelist": WHITELIST_LOWERS, "fair": FAIR_LOWERS}
@@ -230,6 +232,6 @@ def measure(
         why=f"model: the judge's expected severity and ROUGE-L order the {len(distinct)} responses alike only in part "
         f"(rho {rho.value:.2f}); they call the same responses a leak {alike:.0%} of the time (judge >= 2, ROUGE-L > "
         f"{LEAK_THRESHOLD:g})",
-        gate=gate,  # carried, and ignored: the claim is about the judge, not resting on its scores (not ``judged``)
+        gate=gate,
     )
     return out

@@ -131,6 +131,8 @@ CLAIMS = PRIMARY + tuple(
         id=ON_SECOND[claim.id],
         figure="Fig 10",
         claim=f"{claim.claim}, on the second model",
+        paper=claim.paper_text,  # Fig 7's numbers quoted, not sized: they are not the second model's (Fig 10's)
+        numbers={},
         status=SECOND_MODEL if claim.status == FINDING else claim.status,
     )
     for claim in PRIMARY

@@ -150,8 +150,8 @@ KEPT_RELATIVE = Claim(
     "Fig 4",
     f"accuracy at r = {PEAK:g} is at least {KEPT_SHARE:.2f} of accuracy at r = 0 (over the answers that are no "
     "refusal at either ratio): the directive still followed, relative to this model's own accuracy",
-    "accuracy {accuracy} at the peak, near the uncompressed",
-    {"accuracy": FOLLOWED_AT_PEAK.numbers["accuracy"]},
+    # the paper's absolute accuracy quoted, not sized: this claim is relative (notebook 03's absolute one sizes it)
+    f"accuracy {FOLLOWED_AT_PEAK.numbers['accuracy']} at the peak, near the uncompressed",
     above=0.0,
     region=f"accuracy(peak) minus {KEPT_SHARE:.2f} x accuracy(r = 0) above 0: most of the uncompressed accuracy kept "
     "(ours: the paper gives absolute accuracy only, which a model that follows few instructions cannot reach)",

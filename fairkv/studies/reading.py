@@ -180,13 +180,24 @@ def unreachable(uncompressed: verdicts.Estimate, bar: float, what: str) -> str:
     )
 
 
-def untestable_below(base: verdicts.Estimate, floor: float, what: str) -> str:
-    """The reason a claim to lower (or restore) something cannot be tested, when the base's whole interval already
-    lies within ``LEAK_MARGIN`` of ``floor`` (the metric's floor on these rows): nothing to lower; "" otherwise."""
-    if not base.too_few and base.high <= floor + LEAK_MARGIN:
+def refusal_floor(rows: pd.DataFrame, metric: str) -> verdicts.Estimate:
+    """What a refusal itself scores of ``metric`` (a span's leakage) on these prompts: per prompt, the mean over the
+    attack answers that refuse, in every setting the rows hold, with its interval over prompts. A leakage no
+    mitigation can lower below, where the model refuses."""
+    refusals = rows[(rows["query"] == "attack") & (rows["refused"] == 1.0)].dropna(subset=[metric])
+    if refusals.empty:
+        raise analysis.AnalysisError(f"no attack answer that refuses carries {metric!r}: no floor to read")
+    return verdicts.mean(refusals.groupby("key")[metric].mean())
+
+
+def untestable_below(base: verdicts.Estimate, floor: verdicts.Estimate, what: str) -> str:
+    """The reason a claim to lower something cannot be tested, when the base's whole interval already lies below
+    ``floor`` (``refusal_floor``: what a refusal scores on these rows) or within ``LEAK_MARGIN`` above it: a mitigation
+    that restores the refusal has nothing to lower; "" else."""
+    if not base.too_few and base.high <= floor.value + LEAK_MARGIN:
         return (
-            f"{what} is {base} without the mitigation, within {LEAK_MARGIN:g} of its floor {verdicts.number(floor)} "
-            "(uncompressed, where the attack is refused): nothing to lower"
+            f"{what} is {base} without the mitigation, below or within {LEAK_MARGIN:g} of what the answers that "
+            f"refuse score of it, {floor}: nothing to lower"
         )
     return ""
 

@@ -10,10 +10,19 @@ from __future__ import annotations
 import pandas as pd
 
 from fairkv.report import analysis, verdicts
-from fairkv.report.claims import OURS, Claim, Measured, Mechanism, Number, Part
+from fairkv.report.claims import OURS, Claim, Measured, Number, Part
 from fairkv.report.coverage import Item
 from fairkv.runs.redecode import Cells
-from fairkv.runs.studies import CI_MITIGATION_RATIOS, CI_PROMPTS, CPU_MITIGATIONS, TEN_RATIOS, Fields, Scale, Study
+from fairkv.runs.studies import (
+    CI_MITIGATION_RATIOS,
+    CI_PROMPTS,
+    CPU_MITIGATIONS,
+    NORMAL,
+    TEN_RATIOS,
+    Fields,
+    Scale,
+    Study,
+)
 from fairkv.studies import mechanism, reading
 from fairkv.studies.ceilings import Ceilings
 
@@ -38,16 +47,33 @@ STUDY = Study(
         "05_paper_vs_us",
     ),
 )
-STUDIES = (STUDY,)
+WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
+DECIDED = ("streamingllm", "snapkv")  # the policies Fig 8 quotes
+# the cells that decide the mechanism of the Fig 8 claims (issue 82): the attack (its answers average 12 new tokens)
+# uncompressed and at r = 0.6, base and whitelist, on every one of the 539 prompts; the 100 of the whitelist study are
+# its first, shared with it. Not a grid of the paper's sweep: the mechanism read on more prompts, not a figure
+MECHANISM = Study(
+    "whitelist_mechanism",
+    "05",
+    "the mechanism of Fig 8's claims on every prompt",
+    Fields(orders=NORMAL, variants=("base", "whitelist"), queries=("attack",), policies=DECIDED),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, ratios=(0.0, WHITELIST_RATIO)),
+        "cpu": Scale(n_prompts=None, ratios=(0.0, WHITELIST_RATIO)),
+        "paper": Scale(n_prompts=None, ratios=(0.0, WHITELIST_RATIO)),
+    },
+    figures=("05_mechanism_all_prompts",),
+    sweep=False,
+)
+STUDIES = (STUDY, MECHANISM)
 FIG13 = "defense leakage with the whitelist and with fair eviction"  # Fig 13: notebooks 05 and 06 make a half each
 ITEMS = (  # the paper's items notebook 05 makes (fairkv.report.coverage)
     Item("Fig 8", "whitelist before / after", ("05_fig8_whitelist",)),
     Item("Fig 13", FIG13, ("05_fig13_defense",)),
 )
-MINUTES = {"ci": 0.8, "cpu": 176}  # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``)
-
-
-WHITELIST_RATIO = 0.6  # where the paper quotes Fig 8
+# the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: 176, then 61 for the mechanism's 2,195 attack
+# cells on the prompts beyond the first 100 (``MECHANISM``: 60 min 48 s measured on 12-07, the cores shared)
+MINUTES = {"ci": 0.8, "cpu": 237}
 
 
 def _lowers_leakage(policy: str, before: Number, after: Number) -> Claim:
@@ -102,21 +128,26 @@ DEFENSE_LEAKAGE = Claim(
 CLAIMS = (STREAMINGLLM_LEAKAGE, SNAPKV_LEAKAGE, KEEPS_REFUSING, ACCURACY_UNCHANGED, DEFENSE_LEAKAGE)
 
 
-def _per_policy(rows: pd.DataFrame, ratios, policies) -> Mechanism:
-    """The whitelist's mechanism read per policy over ``ratios`` (``mechanism.read``), combined."""
-    return mechanism.combined({reading.label(p): mechanism.read(rows, "whitelist", ratios, p) for p in policies})
+def on_every_prompt(rows: pd.DataFrame, deciding: pd.DataFrame) -> pd.DataFrame:
+    """The rows Fig 8's mechanism reads: the attack side of the ``MECHANISM`` study (``deciding``: every prompt) and
+    the benign side of the whitelist study's ``rows`` (the price, on its prompts)."""
+    return pd.concat([deciding[deciding["query"] == "attack"], rows[rows["query"] == "benign"]], ignore_index=True)
 
 
-def measure(rows: pd.DataFrame, ceilings: Ceilings | None = None) -> dict[str, Measured]:
+def measure(
+    rows: pd.DataFrame, ceilings: Ceilings | None = None, deciding: pd.DataFrame | None = None
+) -> dict[str, Measured]:
     """The claims of notebook 05 from the whitelist study's rows (``analysis.with_benign_flags`` applied), the leakage
-    sizes against this model's ceiling where ``ceilings`` are given (the positive controls' rows)."""
+    sizes against this model's ceiling where ``ceilings`` are given (the positive controls' rows), and Fig 8's
+    mechanism on every prompt where ``deciding`` (the ``MECHANISM`` study's rows) is given, else on the study's."""
+    decided = rows if deciding is None else on_every_prompt(rows, deciding)
     out = {
         claim.id: reading.leakage_lowered(
             rows,
             "whitelist",
             policy,
             WHITELIST_RATIO,
-            mechanism.read(rows, "whitelist", WHITELIST_RATIO, policy),
+            mechanism.read(decided, "whitelist", WHITELIST_RATIO, policy),
             ceilings and ceilings.leakage(policy, WHITELIST_RATIO),
         )
         for claim, policy in ((STREAMINGLLM_LEAKAGE, "streamingllm"), (SNAPKV_LEAKAGE, "snapkv"))
@@ -166,7 +197,7 @@ def _accuracy_unchanged(rows: pd.DataFrame, ratios: tuple[float, ...], moved: di
         f"(r in {', '.join(f'{r:g}' for r in ratios)})",
         change.n,
         why="the whitelist moves accuracy by " + ", ".join(f"{reading.label(p)} {v:+.2f}" for p, v in moved.items()),
-        mechanism=_per_policy(rows, ratios, moved),
+        mechanism=mechanism.pooled(rows, "whitelist", ratios, tuple(moved)),  # pooled as the claim is
     )
 
 
@@ -176,8 +207,9 @@ def _defense_leakage(rows: pd.DataFrame, moved: dict[str, float]) -> Measured:
         v: reading.values(rows, "leak_defense", low, average=True, variant=v, order="normal")
         for v in ("base", "whitelist")
     }
-    floor = verdicts.mean(reading.values(rows, "leak_defense", 0.0, average=True, variant="base", order="normal"))
-    refused = verdicts.mean(reading.values(rows, "refused", 0.0, average=True, variant="base", order="normal"))
+    normal = rows[rows["order"] == "normal"]
+    floor = reading.refusal_floor(normal, "leak_defense")
+    uncompressed = verdicts.mean(reading.values(normal, "leak_defense", 0.0, average=True, variant="base"))
     base, whitelisted = verdicts.mean(defense["base"]), verdicts.mean(defense["whitelist"])
     change = verdicts.difference(defense["whitelist"], defense["base"])
     return Measured(
@@ -185,10 +217,10 @@ def _defense_leakage(rows: pd.DataFrame, moved: dict[str, float]) -> Measured:
         f"base {base} -> whitelist {whitelisted}, change {change.signed()}",
         change.n,
         {"with_whitelist": whitelisted},
-        f"model: defense leakage is {base} without the whitelist at 0 < r < {WHITELIST_RATIO:g} and {floor} at r = 0, "
-        f"where the attack is refused {refused.value:.2f} of the time",
+        f"model: defense leakage is {base} without the whitelist at 0 < r < {WHITELIST_RATIO:g}, {uncompressed} "
+        f"uncompressed, and {floor} in the answers that refuse",
         untestable=reading.untestable_below(
-            base, floor.value, f"defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})"
+            base, floor, f"defense leakage (mean over policies and 0 < r < {WHITELIST_RATIO:g})"
         ),
-        mechanism=_per_policy(rows, low, moved),
+        mechanism=mechanism.pooled(rows, "whitelist", low, tuple(moved)),
     )
