@@ -213,8 +213,9 @@ def _claims(*inputs, **options) -> pd.DataFrame:
 
 def test_beyond_claims_hand_worked(monkeypatch):
     """Each verdict worked out by hand; every claim is ours, the smallest span's too (it can lose a token to the
-    base's: no truth by construction); the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one part per count
-    (broken on purpose: the smallest span's claim declared a finding -> its status was wrong; n pooled -> 20)."""
+    base's: no truth by construction); the N-spans claims read each count's 10 prompts (n 10, not the 20 pooled), one
+    part per count (broken on purpose: the smallest span's claim declared a finding -> its status was wrong; n pooled ->
+    20)."""
     monkeypatch.setattr(studies, "family", lambda: 10)
     spans, attacks, defenses, geometry = _hand_worked_rows()
     table = _claims(spans, attacks, defenses, ["weak", "strong"], geometry)

@@ -256,11 +256,11 @@ def committed():
 def test_on_the_committed_rows_against_the_uncompressed_model(committed):
     """What the issue's recount found, from the committed rows: the whitelist raises StreamingLLM's refusal at r = 0.6
     (0.01 -> 0.93, uncompressed 0.97), but whether back to the uncompressed level is undecided on 100 prompts (-0.04
-    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82): at least partly the paper's; K-Norm's whitelist refuses benign
-    queries far beyond it; fair StreamingLLM at r = 0.5 restores no refusal while its directive keep rate halves, but
-    its directive leakage does not fall, so no eviction is named for a drop that did not happen (issue 82); at r = 0.7
-    it does fall (the directive evicted); in the flipped order, where the base refuses every attack, fair eviction refuses none while the
-    defense's keep rate falls (the defense evicted)."""
+    [-0.10, +0.002] against the one margin of a refusal rate, 0.05: issue 82): at least partly the paper's; K-Norm's
+    whitelist refuses benign queries far beyond it; fair StreamingLLM at r = 0.5 restores no refusal while its directive
+    keep rate halves, but its directive leakage does not fall, so no eviction is named for a drop that did not happen
+    (issue 82); at r = 0.7 it does fall (the directive evicted); in the flipped order, where the base refuses every
+    attack, fair eviction refuses none while the defense's keep rate falls (the defense evicted)."""
     normal, flipped = committed
     whitelist = mechanism.read(normal, "whitelist", 0.6, "streamingllm")
     assert (whitelist.verdict, whitelist.because) == (PARTLY, mechanism.AT_LEAST_PARTLY)
@@ -326,7 +326,8 @@ def test_fig8s_mechanism_is_decided_on_every_prompt():
     rate is undecided on 100 prompts for StreamingLLM and SnapKV; on every one of the 539 (``whitelist.MECHANISM``,
     the committed rows; the price on the study's 100) SnapKV's is restored (-0.03 [-0.04, -0.01] from the uncompressed
     model: the paper's), StreamingLLM's still straddles the margin (-0.04 [-0.06, -0.03], with no prompt left to
-    add): at least partly the paper's, its rise closing far more than half the loss (broken on purpose: the mechanism read on the study's rows alone -> SnapKV inconclusive)."""
+    add): at least partly the paper's, its rise closing far more than half the loss (broken on purpose: the mechanism
+    read on the study's rows alone -> SnapKV inconclusive)."""
     from fairkv.report import analysis
     from fairkv.studies import whitelist
 

@@ -159,9 +159,9 @@ def test_the_bottom_line_counts_the_claims_and_names_the_commonest_reason():
     lines = readme.bottom_line(claims, "tiny")
     assert lines[0] == "- **Reproduces:** on tiny, 2 of the paper's 4 claims hold in direction (Fig 4, Fig 7)."
     assert lines[1] == (
-        "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 with a paper number, "
-        "1 match it, 2 differ, 0 lie above this model's ceiling, 0 are untestable in direction, 0 too uncertain (0 on a "
-        "judge too poor)."
+        "- **Does not:** 1 fail (c), 1 are inconclusive, 0 untestable here; in magnitude, of the 3 with a paper "
+        "number, 1 match it, 2 differ, 0 lie above this model's ceiling, 0 are untestable in direction, 0 too "
+        "uncertain (0 on a judge too poor)."
     )
     # every claim with a paper number counted, by why it is not sized (issue 82): above the ceiling, untestable in
     # direction, resting on a judge too poor (broken on purpose: the ceiling read from the magnitude alone -> 2 above)

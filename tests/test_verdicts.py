@@ -288,8 +288,8 @@ def test_summary_counts_claims_not_rows_and_keeps_sanity_checks_apart(tmp_path):
     assert "thresholds here" in text and "↳ a" in text
     assert (
         "Family-wise (Bonferroni, 1 - 5% / 4: the 4 claims tested on data here, sanity checks apart), the paper's "
-        "claims on this model read 2 holds, 0 fails, 0 inconclusive, 0 untestable here. Of all the claims tested, none changes"
-        in text
+        "claims on this model read 2 holds, 0 fails, 0 inconclusive, 0 untestable here. Of all the claims tested, "
+        "none changes" in text
     )  # hand-written estimates have one interval
     pd.DataFrame([{"claim": "old", "verdict": HOLDS}]).to_csv(tmp_path / "tables" / "11_paper_vs_us.csv", index=False)
     with pytest.raises(summary.SummaryError, match="11_paper_vs_us.csv lacks the columns.*re-run notebook 11"):

@@ -79,8 +79,8 @@ def paper_claims(folder: Path, status: str = claims.FINDING) -> pd.DataFrame:
 
 def bottom_line(claims: pd.DataFrame, model: str) -> list[str]:
     """Three lines: what reproduces (the claims that hold, by figure), what does not (fails, inconclusive, those
-    ``sensitive`` to decoding noise, and every claim the paper gives a number for: ``summary.sizes``) and the likely reasons
-    (``commonest``)."""
+    ``sensitive`` to decoding noise, and every claim the paper gives a number for: ``summary.sizes``) and the likely
+    reasons (``commonest``)."""
     holds = claims[claims["verdict"] == verdicts.HOLDS]
     fails = claims[claims["verdict"] == verdicts.FAILS]
     items = ", ".join(dict.fromkeys(holds["figure"]))
@@ -102,9 +102,9 @@ def untested(catalogue: coverage.Catalogue) -> list[str]:
         return []
     figures = ", ".join(dict.fromkeys(catalogue.synthetic))
     return [
-        f"- **Not counted:** {len(catalogue.synthetic)} more of the paper's claims ({figures}, LongBench TREC, notebook "
-        "08): without LongBench's file here they run on fairkv's synthetic text, a check of the pipeline, not of the "
-        "paper."
+        f"- **Not counted:** {len(catalogue.synthetic)} more of the paper's claims ({figures}, LongBench TREC, "
+        "notebook 08): without LongBench's file here they run on fairkv's synthetic text, a check of the pipeline, "
+        "not of the paper."
     ]
 
 
