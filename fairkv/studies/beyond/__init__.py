@@ -44,8 +44,9 @@ STUDIES = (SPANS, ATTACKS, ATTACKS_CEILING, DEFENSES, GEOMETRY)
 # attack categories on 10 prompts, 30 prompts per span count, the geometry at r = 0.3-0.4: 2,871 answers and 1,600
 # operative keep rates on a CPU with AVX512-BF16, beside a notebook render for a fifth of it), then 25 for the attack
 # categories' positive control (``ATTACKS_CEILING``: 300 answers uncompressed with neutral text, 42.7 new tokens on
-# average; 1,283 s for the last 210 of them beside notebook renders on 12-07)
-MINUTES = {"ci": 3.0, "cpu": 113}
+# average; 1,283 s for the last 210 of them beside notebook renders on 12-07), then 25 for its 300 at r = 0.5 (as
+# many answers, as long: 29 min 18 s for the last 205 of them beside a test run on both cores, 12-07)
+MINUTES = {"ci": 3.0, "cpu": 138}
 CLAIMS = spans.CLAIMS + attacks.CLAIMS + defenses.CLAIMS + geometry.CLAIMS
 
 

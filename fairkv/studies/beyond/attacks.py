@@ -34,17 +34,18 @@ ATTACKS = Study(
 )
 # the positive control of the many attacks (issue 82): the same attacks and prompts uncompressed with neutral text in
 # the defense's place (``fairkv.studies.ceilings``): which attacks draw recitals when nothing tells the model not to
-# recite, beside what they draw under the defense. Uncompressed only: at the cpu profile its 300 answers took about 25
-# minutes (42.7 new tokens on average, over three times the 12 under the defense); the 300 at r = 0.5 are left for later
+# recite, beside what they draw under the defense, uncompressed and at r = 0.5 (where the notebook's claims read the
+# attacks). At the cpu profile the 300 answers uncompressed took about 25 minutes (42.7 new tokens on average, over
+# three times the 12 under the defense); ci checks the pipeline uncompressed only
 ATTACKS_CEILING = Study(
     "attacks_ceiling",
     "11",
     "beyond the paper: many attacks, positive control",
-    Fields(variants=BASE, template=NEUTRAL_TEMPLATE, ratios=(0.0,)),
+    Fields(variants=BASE, template=NEUTRAL_TEMPLATE),
     {
-        "ci": Scale(n_prompts=1, policies=("streamingllm",), max_new_tokens=16, batch_size=8),
-        "cpu": Scale(n_prompts=10, orders=NORMAL, policies=("streamingllm",)),
-        "paper": Scale(n_prompts=100),
+        "ci": Scale(n_prompts=1, policies=("streamingllm",), ratios=(0.0,), max_new_tokens=16, batch_size=8),
+        "cpu": Scale(n_prompts=10, orders=NORMAL, policies=("streamingllm",), ratios=(0.0, reading.PEAK)),
+        "paper": Scale(n_prompts=100, ratios=(0.0, reading.PEAK)),
     },
     figures=("11_attacks_ceiling",),
     sweep=False,
