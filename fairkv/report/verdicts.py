@@ -84,10 +84,15 @@ TOLERANCE = {
 EFFECT_KINDS = ("difference", "score")
 
 
+def smallest_size(low: float, high: float) -> float:
+    """The smallest size of a change the paper gives as ``low`` to ``high`` (0 for a range through 0)."""
+    return 0.0 if low <= 0.0 <= high else min(abs(low), abs(high))
+
+
 def tolerance(low: float, high: float, kind: str) -> float:
     """How far ours may lie from the paper's number (``low`` to ``high``) of ``kind`` and still match: ``TOLERANCE``,
     at most half the paper's smallest size for an effect (``EFFECT_KINDS``) that excludes 0."""
-    size = 0.0 if low <= 0.0 <= high else min(abs(low), abs(high))
+    size = smallest_size(low, high)
     return min(TOLERANCE[kind], size / 2) if kind in EFFECT_KINDS and size > 0 else TOLERANCE[kind]
 
 
@@ -308,8 +313,7 @@ def above(low: float, high: float, kind: str, ceiling: Estimate) -> bool:
     value, for a change (``difference``) its smallest size (0 for a range through 0)."""
     if ceiling.too_few or math.isnan(ceiling.high):
         return False
-    size = 0.0 if low <= 0.0 <= high else min(abs(low), abs(high)) if kind == "difference" else low
-    return size > ceiling.high + 1e-9
+    return (smallest_size(low, high) if kind == "difference" else low) > ceiling.high + 1e-9
 
 
 def all_magnitudes(magnitudes: list[str]) -> str:

@@ -215,9 +215,12 @@ def _one(rows: pd.DataFrame, variant: str, ratios: tuple, policies: tuple, order
     sides.update({f"{name} kept": words for name, (words, _, _) in kept.items()})
     if verdicts.rate(uncompressed).value <= REFUSES:
         return Mechanism(verdicts.NOT_APPLICABLE, NO_DEFENSE, tuple(sides.items()))
-    falls = {name: (lambda change=change: change, reading.KEEP_MARGIN) for name, (_, change, _) in kept.items()}
-    falls["leakage"] = (lambda: _leakage_change(rows, ratios, variant, setting), reading.LEAK_MARGIN)
-    fell = lambda name: verdicts.decide(falls[name][0](), below=0.0, margin=falls[name][1]) == verdicts.HOLDS
+
+    def fell(name: str) -> bool:  # a span's keep rate, or directive leakage ("leakage", read only when asked), fell
+        change = _leakage_change(rows, ratios, variant, setting) if name == "leakage" else kept[name][1]
+        margin = reading.LEAK_MARGIN if name == "leakage" else reading.KEEP_MARGIN
+        return verdicts.decide(change, below=0.0, margin=margin) == verdicts.HOLDS
+
     words = kept["operative"][2] if "operative" in kept else None
     names = list(compared)
     deciding = tuple((COMPARED[name][0].format(variant=variant), COMPARED[name][1], compared[name]) for name in names)
