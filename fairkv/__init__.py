@@ -2,7 +2,8 @@
 
 The core, what a kvpress user installs alone (``pip install .`` in a clone: torch, transformers, kvpress), is exported
 here (docs/library.md): the paper's mitigations as kvpress presses, ``WhitelistPress`` (Section 5.1) and ``FairPress``
-(Section 5.2, Appendix G's debiasing weight ``lam``), which take their phrases and spans as text, and keep rates per
+(Section 5.2, Appendix G's debiasing weight ``lam``), with ``BoundaryPress`` (boundary protection, after arXiv
+2605.18053), which take their phrases and spans as text, and keep rates per
 span (``keep_rates``, also ``press.keep_rates()`` after a run). They live in ``fairkv.core.presses`` and are imported
 when first named, so ``import fairkv`` stays light.
 
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 CORE = (
     "WhitelistPress",
     "FairPress",
+    "BoundaryPress",
     "NativePressError",
     "keep_rates",
     "Span",

@@ -1,4 +1,5 @@
-"""Whitelist, fair eviction and lambda debiasing for the five policies (Section 5, Appendices D, F, G)."""
+"""Whitelist, fair eviction and lambda debiasing for the five policies (Section 5, Appendices D, F, G), and boundary
+protection (after arXiv 2605.18053)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from transformers import DynamicCache
 from fairkv.core import generation, prompts, score_once
 from fairkv.core.presses import (
     PAPER,
+    keep_rates,
     Marks,
     Setting,
     SpanError,
@@ -24,7 +26,7 @@ from fairkv.core.presses import (
 )
 from fairkv.core.presses.budget import BudgetError, apportion, fair_budgets, window_split
 from fairkv.core.presses.registry import policy_of
-from fairkv.core.presses.selection import check_spans, choose
+from fairkv.core.presses.selection import boundary_positions, check_spans, choose
 
 RATIOS = [0.2, 0.5, 0.7]
 VARIANTS = [("whitelist", 1.0), ("fair", 0.0), ("fair", 0.5), ("fair", 1.0), ("fair+whitelist", 1.0)]
@@ -238,3 +240,47 @@ def test_budget_apportionment():
     with pytest.raises(BudgetError):
         apportion(3, [1.0, 2.0], [2, 2], [5, 5])
     assert window_split(16, 2) == [8, 8] and window_split(16, 3) == [5, 5, 6] and window_split(15, 2) == [7, 8]
+
+
+def test_boundary_protection_keeps_each_boundary_then_the_policy_ranks_the_rest(smollm, normal_prompt, prefilled):
+    """Boundary protection over StreamingLLM at r = 0.5, keep rates by hand: StreamingLLM keeps its 4 sinks and then
+    the most recent tokens, so with m = floor(0.1 x budget) tokens reserved at each of the 3 boundaries (the first m,
+    the defense's last m // 2 and the directive's first m - m // 2, the last m) the kept set is the reserve, the sinks
+    and the most recent tokens outside them, in every layer and head; the defense's first tokens beyond the sinks, which
+    StreamingLLM evicts, are kept. The engine's cut and the press agree."""
+    prompt = normal_prompt
+    junction, n = prompt.spans[0].end, prompt.n_tokens
+    n_kept = compute_n_kept(n, 0.5)
+    m = n_kept // 10
+    reserve = set(range(m)) | set(range(junction - m // 2, junction + m - m // 2)) | set(range(n - m, n))
+    rest = sorted(set(range(n)) - reserve - set(range(4)), reverse=True)
+    expected = reserve | set(range(4)) | set(rest[: n_kept - len(reserve | set(range(4)))])
+    setting = Setting("streamingllm", "boundary", ratio=0.5)
+    cut = score_once.cut(prefilled, setting).kept
+    pressed = generation.compress(smollm, prompt, setting).kept
+    for layer, indices in cut.items():
+        assert torch.equal(indices, pressed[layer])
+        for head in indices[0].tolist():
+            assert set(head) == expected
+    base = set(score_once.cut(prefilled, Setting("streamingllm", ratio=0.5)).kept[0][0, 0].tolist())
+    assert prompt.spans[0].name == "defense" and m > 4 and not set(range(4, m)) & base
+    rates = keep_rates(cut, prompt.spans, n)
+    assert rates["defense"] == pytest.approx(len(expected & set(range(junction))) / junction)
+
+
+def test_boundary_protection_errors():
+    """A share outside (0, 1), spans that do not partition the prefix, no spans, and a budget that leaves a boundary
+    no token or cannot hold every boundary's: each an error naming it."""
+    with pytest.raises(VariantError, match=r"boundary share 1.0 is outside \(0, 1\)"):
+        Setting("snapkv", "boundary", ratio=0.5, share=1.0)
+    with pytest.raises(SpanError, match="gap"):
+        boundary_positions(((0, 10), (12, 20)), 20, 10, 0.1)
+    with pytest.raises(SpanError, match="the boundary variant needs the prompt's spans"):
+        build_press(Setting("knorm", "boundary", ratio=0.5), Marks())
+    with pytest.raises(BudgetError, match="a budget of 9 tokens cannot keep a share of 0.1 at each of the prompt's 3"):
+        boundary_positions(((0, 10), (10, 20)), 20, 9, 0.1)
+    with pytest.raises(BudgetError, match=r"\(4 tokens each\)"):
+        boundary_positions(((0, 10), (10, 20)), 20, 10, 0.4)
+    assert boundary_positions(((0, 10), (10, 20)), 20, 10, 0.2) == (0, 1, 9, 10, 18, 19)
+    # an odd reserve at a junction: the later span's first tokens take the extra one
+    assert boundary_positions(((0, 10), (10, 20)), 20, 10, 0.3) == (0, 1, 2, 9, 10, 11, 17, 18, 19)

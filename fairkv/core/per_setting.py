@@ -14,6 +14,7 @@ what Section 5 and Appendix F change:
   (AdaKV's top-k over heads, Block's top-k in each block). A whitelist larger than the budget is an error
   (``selection.check_whitelist``), and so is a kept set that lacks a whitelisted token. Positions are found by their
   keys: Block scores subsets of the prefix, and keys are distinct copies (as in ``kept.kept_mask``).
+- boundary protection (``selection.boundary_positions``): its reserve is kept as the whitelist is.
 - fair eviction (Algorithm 1; Appendix F: "one span's queries never score another span's keys"): each span gets its
   share of the press's kept total (``budget.fair_budgets``, whitelisted tokens counted inside their span) and keeps
   what the press keeps when that span is the whole prompt at that budget (``scoring.span_as_prompt``: the span's
@@ -42,7 +43,7 @@ from fairkv.core.presses.budget import fair_budgets
 from fairkv.core.presses.policy import Policy, PolicyError
 from fairkv.core.presses.registry import get_policy
 from fairkv.core.presses.scoring import span_as_prompt
-from fairkv.core.presses.selection import Marks, check_whitelist
+from fairkv.core.presses.selection import Marks, check_whitelist, protected_positions
 from fairkv.core.presses.setting import Setting
 
 
@@ -105,11 +106,12 @@ class _SpanKeeper:
 
 def setting_mask(entry: Policy, setting: Setting, marks: Marks, layer: Layer, model) -> torch.Tensor:
     """(batch, kv_heads, n) positions ``entry``'s press keeps in ``layer`` in ``setting``'s variant (base, whitelist,
-    fair, fair+whitelist; see the module doc) at its ratio; ``marks``: the prompt's spans and whitelist positions."""
+    fair, fair+whitelist, boundary: its reserve kept as a whitelist; see the module doc) at its ratio; ``marks``: the
+    prompt's spans and whitelist positions."""
     batch, heads, n, _ = layer.keys.shape
     variant, ratio, spans = setting.variant, setting.ratio, marks.spans
     n_kept = compute_n_kept(n, ratio)
-    whitelist = marks.protected if variant.whitelist else ()
+    whitelist = protected_positions(setting, marks, n, n_kept)
     check_whitelist(whitelist, n, n_kept, False, ratio)
     if not variant.fair:
         mask = press_mask(entry, ratio, whitelist, layer, model)

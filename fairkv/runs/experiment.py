@@ -147,6 +147,7 @@ def _identity(
         **provenance(setting.policy),  # a press of one's own: its source (kvpress's: nothing, ids unchanged)
         "variant": setting.variant,
         "lam": setting.lam,
+        **({"share": setting.share} if setting.variant.boundary else {}),  # boundary protection's alone: ids unchanged
         "ratio": setting.ratio,
         "query": query,
         "max_new_tokens": grid.tokens_for(query),

@@ -1,9 +1,10 @@
 """Eviction policies (kvpress presses with the paper's settings), their mitigations, and the kept-index recorder.
 
 ``build_press`` is the engine's entry point: a ``Setting`` (policy key, variant, lam, ratio) and the prompt's
-``Marks`` (spans and whitelist in token positions). ``WhitelistPress`` and ``FairPress`` are the same mitigations as kvpress
-presses taking text (``native``), and ``keep_rates`` reads keep rates per span (``rates``): with this package, the
-core a kvpress user installs alone (torch, transformers, kvpress), exported at ``fairkv``'s top.
+``Marks`` (spans and whitelist in token positions). ``WhitelistPress``, ``FairPress`` and ``BoundaryPress`` are the
+same mitigations as kvpress presses taking text (``native``), and ``keep_rates`` reads keep rates per span
+(``rates``): with this package, the core a kvpress user installs alone (torch, transformers, kvpress), exported at
+``fairkv``'s top.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fairkv.core.presses.policy import Policy, PolicyError, check_ratio
 from fairkv.core.presses.registry import REGISTRY, get_policy, make_press
 from fairkv.core.presses.selection import Marks, SpanError, WhitelistError
 from fairkv.core.presses.setting import (
+    BOUNDARY_SHARE,
     MITIGATIONS,
     VARIANTS,
     Setting,
@@ -22,6 +24,7 @@ from fairkv.core.presses.setting import (
     VariantError,
     canonical,
     check_lam,
+    check_share,
     check_variant,
 )
 
@@ -33,7 +36,12 @@ def build_press(setting: Setting, marks: Marks = Marks(), keep_only_whitelist: b
     return RecordingPress(make_press(setting.policy, setting.ratio), setting, marks, keep_only_whitelist)
 
 
-from fairkv.core.presses.native import FairPress, NativePressError, WhitelistPress  # noqa: E402 (native needs the above)
+from fairkv.core.presses.native import (  # noqa: E402 (native needs the above)
+    BoundaryPress,
+    FairPress,
+    NativePressError,
+    WhitelistPress,
+)
 from fairkv.core.presses import rates  # noqa: E402
 from fairkv.core.prompts import Span  # noqa: E402 (what keep_rates reads)
 
@@ -60,6 +68,7 @@ def keep_rates(kept: dict, spans, n_tokens: int) -> dict[str, float]:
 
 
 __all__ = [
+    "BoundaryPress",
     "FairPress",
     "NativePressError",
     "WhitelistPress",
@@ -82,6 +91,8 @@ __all__ = [
     "build_press",
     "canonical",
     "check_lam",
+    "check_share",
+    "BOUNDARY_SHARE",
     "check_ratio",
     "check_variant",
     "get_policy",

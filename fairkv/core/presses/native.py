@@ -1,7 +1,8 @@
 """The paper's mitigations as kvpress presses a kvpress user composes: ``WhitelistPress`` (Section 5.1, Appendix D)
 and ``FairPress`` (Section 5.2, Algorithm 1, Appendices F-G) wrap a kvpress ``ScorerPress``, or each other, the way
 kvpress's own wrappers do (``AdaKVPress(SnapKVPress(0.5))``), and take their protected phrases and instruction spans
-as text, found in the context the pipeline actually builds::
+as text, found in the context the pipeline actually builds (``BoundaryPress``, boundary protection after arXiv
+2605.18053, not the paper's, wraps a scorer press alone)::
 
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
     press = FairPress(WhitelistPress(SnapKVPress(0.5), ["DO NOT DISCLOSE"]), spans=[defense, directive])
@@ -28,7 +29,7 @@ from transformers import AutoTokenizer
 from fairkv.core.presses import rates
 from fairkv.core.presses.recording import RecordingPress
 from fairkv.core.presses.selection import Marks
-from fairkv.core.presses.setting import Setting, Variant, check_lam
+from fairkv.core.presses.setting import BOUNDARY_SHARE, Setting, Variant, check_lam, check_share
 from fairkv.core.prompts import Span
 
 
@@ -102,6 +103,14 @@ class _TextPress(BasePress):
             )
         self._context = text, offsets = self._offsets(self._ids[0, :n].tolist())
         scorer, wrappers = self._chain()
+        boundary = [w for w in wrappers if isinstance(w, BoundaryPress)]
+        if boundary and len(wrappers) > 1:
+            raise NativePressError(
+                "a BoundaryPress composes with no other mitigation: wrap the scorer press in it alone"
+            )
+        if boundary:
+            spans = _partition(text, offsets, boundary[0].spans)
+            return RecordingPress(scorer, Setting(None, Variant("boundary"), share=boundary[0].share), Marks(spans))
         phrases = [p for w in wrappers if isinstance(w, WhitelistPress) for p in w.phrases]
         fair = [w for w in wrappers if isinstance(w, FairPress)]
         if len(fair) > 1 or len(wrappers) - len(fair) > 1:
@@ -116,10 +125,12 @@ class _TextPress(BasePress):
         ``fairkv.core.presses.rates``): ``spans`` are placed as a ``FairPress`` places its own, which they default to."""
         if self._context is None:
             raise NativePressError("no context compressed yet: run the press first (e.g. through kvpress's pipeline)")
-        fair = [w.spans for w in self._chain()[1] if isinstance(w, FairPress)]
-        texts = _texts(spans, "spans") if spans is not None else (fair[0] if fair else ())
+        own = [w.spans for w in self._chain()[1] if isinstance(w, (FairPress, BoundaryPress))]
+        texts = _texts(spans, "spans") if spans is not None else (own[0] if own else ())
         if not texts or not all(texts):
-            raise NativePressError("keep rates need span texts: pass spans, or wrap the press in a FairPress")
+            raise NativePressError(
+                "keep rates need span texts: pass spans, or wrap the press in a FairPress or a BoundaryPress"
+            )
         text, offsets = self._context
         placed = [Span(t, start, end, t) for t, (start, end) in zip(texts, _partition(text, offsets, texts))]
         return rates.keep_rates(self.kept, placed, len(offsets))
@@ -205,3 +216,22 @@ class FairPress(_TextPress):
         check_lam(self.lam)
         if not self.spans or not all(self.spans):
             raise NativePressError("a FairPress needs at least one non-empty span text")
+
+
+@dataclass
+class BoundaryPress(_TextPress):
+    """Boundary protection (after "Protection Is (Nearly) All You Need", arXiv 2605.18053; not the paper's): the
+    context cut into ``spans`` (their texts, in order) as a ``FairPress`` cuts it; ``share`` of the budget is kept at
+    each boundary (the context's start, each junction of two spans, its end; ``selection.boundary_positions``) and the
+    wrapped press ranks the rest."""
+
+    spans: Sequence[str] = ()
+    share: float = BOUNDARY_SHARE
+    tokenizer: object = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.spans = _texts(self.spans, "spans")
+        check_share(self.share)
+        if not self.spans or not all(self.spans):
+            raise NativePressError("a BoundaryPress needs at least one non-empty span text")

@@ -13,6 +13,9 @@ Whitelist: the whitelisted positions are always kept (before StreamingLLM's sink
 policy ranks the rest, so the kept count stays exactly ``compute_n_kept``; a whitelist larger than the budget is an error unless ``keep_only_whitelist`` (then only the
 whitelist is kept; the paper stops at r = 0.7 for this reason).
 
+Boundary protection (not the paper's; after arXiv 2605.18053, ``boundary_positions``): a share of the budget at each
+boundary of the prompt is kept first, like a whitelist, and the policy ranks the rest.
+
 Fair / debiasing, per KV head: the base selection (with the whitelist) decides how many of each span's tokens it
 keeps (b_k^default); budgets b_k(lam) = lam * b_k^fair + (1 - lam) * b_k^default are apportioned to integers that sum
 to the base budget (``budget.debiased_budgets``); each span keeps its top b_k span-local scores, whitelisted tokens
@@ -32,7 +35,7 @@ from typing import Callable, Sequence
 import torch
 from kvpress.utils import compute_n_kept
 
-from fairkv.core.presses.budget import debiased_budgets
+from fairkv.core.presses.budget import BudgetError, debiased_budgets
 from fairkv.core.presses.setting import Setting
 
 
@@ -78,8 +81,40 @@ class Marks:
         """A variant gets what it needs: whitelist variants positions to protect, fair variants the prompt's spans."""
         if setting.variant.whitelist and not self.protected:
             raise WhitelistError("the whitelist variant needs protected positions: the whitelist phrase was not found")
-        if setting.variant.fair and not self.spans:
-            raise SpanError("fair eviction needs the prompt's spans")
+        if (setting.variant.fair or setting.variant.boundary) and not self.spans:
+            raise SpanError(f"the {setting.variant} variant needs the prompt's spans")
+
+
+def boundary_positions(spans: Sequence[tuple[int, int]], n: int, n_kept: int, share: float) -> tuple[int, ...]:
+    """Boundary protection's reserve: after "Protection Is (Nearly) All You Need" (arXiv 2605.18053), which keeps 10%
+    of a capped cache at each boundary of the prompt. A system prompt's boundaries are where its cache begins, where
+    one span (instruction) ends and the next begins, and where the cache ends; each keeps m = floor(share * n_kept)
+    tokens: the first m at the start (the chat template's role marker and the first span's first tokens), the last m
+    at the end (the end-of-turn marker and the last span's last tokens), and at a junction the earlier span's last
+    floor(m / 2) and the later span's first ceil(m / 2) tokens (a shorter span gives all its tokens). A budget that
+    leaves a boundary no token, or cannot hold every boundary's, is an error."""
+    check_spans(spans, n)
+    per_boundary, boundaries = int(share * n_kept + 1e-9), len(spans) + 1
+    if per_boundary < 1 or per_boundary * boundaries > n_kept:
+        raise BudgetError(
+            f"a budget of {n_kept} tokens cannot keep a share of {share:g} at each of the prompt's {boundaries} "
+            f"boundaries ({per_boundary} tokens each): use a share between {1 / n_kept:.3g} and {1 / boundaries:.3g}, "
+            "or a lower ratio"
+        )
+    kept = set()
+    for k, (start, end) in enumerate(spans):
+        head = per_boundary if k == 0 else (per_boundary + 1) // 2
+        tail = per_boundary if k == len(spans) - 1 else per_boundary // 2
+        kept.update(range(start, min(start + head, end)), range(max(end - tail, start), end))
+    return tuple(sorted(kept))
+
+
+def protected_positions(setting: Setting, marks: Marks, n: int, n_kept: int) -> tuple[int, ...]:
+    """The positions ``setting``'s variant keeps before the policy ranks the rest: the whitelist's, boundary
+    protection's reserve (``boundary_positions``), or none."""
+    if setting.variant.boundary:
+        return boundary_positions(marks.spans, n, n_kept, setting.share)
+    return marks.protected if setting.variant.whitelist else ()
 
 
 def choose(
@@ -98,9 +133,9 @@ def choose(
     batch, heads, n = shape
     variant, ratio = setting.variant, setting.ratio
     n_kept = compute_n_kept(n, ratio)
-    if not (variant.fair or variant.whitelist):
+    if not (variant.fair or variant.whitelist or variant.boundary):
         return topk_select(scores("press"), n_kept)
-    whitelist = marks.protected if variant.whitelist else ()
+    whitelist = protected_positions(setting, marks, n, n_kept)
     if check_whitelist(whitelist, n, n_kept, keep_only_whitelist, ratio):
         return torch.tensor(whitelist).expand(batch, heads, len(whitelist))
     base = whitelist_select(scores("ranking"), n_kept, whitelist)
