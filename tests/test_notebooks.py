@@ -134,7 +134,7 @@ def test_a_profile_a_notebook_has_no_scale_at_is_said_before_anything_runs(monke
         cli.reproduce(None, {"profile": "gpu"})
     assert ran == []
     cli.reproduce(None, {"profile": "paper", "model": "some/model"})
-    assert ran == [n.name[:2] for n in notebooks.numbered(None)][:-1] and ran[-1] == "11"
+    assert ran == [n.name[:2] for n in notebooks.numbered(None) if not n.name.startswith("12")] and "12" not in ran
     assert "left out at the paper profile: notebook 12 runs at ci, cpu only" in capsys.readouterr().out
 
 

@@ -243,19 +243,22 @@ def shares(rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 LABELLED_PROMPTS = 100  # the labels were drawn when the store held the cpu profile's first 100 prompts of a dataset
+POOL_VARIANTS = ("base", "whitelist", "fair", "fair+whitelist")  # the variants of the rows the labels were drawn from
 
 
 def labelling_pool(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows the labelled answers were drawn from (store rows, in the store's order): the paper's attack on IFEval
     directives with the two standard templates (normal and flipped order), every policy, variant and ratio, fair
     eviction at lambda = 1 only, on the first ``LABELLED_PROMPTS`` prompts of each dataset (rows added since on later
-    prompts, as the whitelist's mechanism on every prompt, are not of the pool)."""
+    prompts, as the whitelist's mechanism on every prompt, are not of the pool), the variants there were when they
+    were drawn (``POOL_VARIANTS``: boundary protection's rows came later)."""
     ifeval = rows["dataset"].str.startswith(IFEVAL)
     first = {name: {r.key for r in data.load_records(name)[:LABELLED_PROMPTS]} for name in set(rows["dataset"][ifeval])}
     picked = rows[
         (rows["query"] == "attack")
         & rows["template"].isna()
         & ifeval
+        & rows["variant"].isin(POOL_VARIANTS)
         & ((rows["variant"] != "fair") | (rows["lam"] == 1.0))
         & [key in first.get(name, ()) for name, key in zip(rows["dataset"], rows["key"])]
     ]

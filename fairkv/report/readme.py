@@ -21,6 +21,7 @@ import pandas as pd
 
 from fairkv.report import ceilings, claims, confounds, coverage, mitigations, noise, situations, summary, verdicts
 from fairkv.report.noise import SENSITIVE
+from fairkv.report.ours import OURS
 from fairkv.runs import studies
 
 PROFILE = "cpu"  # the profile whose results the README shows
@@ -329,30 +330,6 @@ def details(folder: Path, catalogue: coverage.Catalogue, profile: str = PROFILE,
             "",
         ]
     )
-
-
-# notebooks 11 and 12: what each measures (no number: those come from the tables), its figures and its tables
-OURS = {
-    "11": (
-        "Notebook 11: the paper's open questions",
-        "More instruction spans (2-8 IFEval spans per prompt: does fair eviction end the starvation of small spans, "
-        "and does compliance follow?), every RaccoonBench attack category (does the lost refusal and its repair hold "
-        "beyond the paper's one attack?), defense strength (does a longer or shorter defense template move the "
-        "critical ratio?) and where the defense's operative words sit (does fair eviction keep the refusal when "
-        "they sit where it keeps tokens?).",
-        ("11_attacks_refusal", "11_spans", "11_defense_strength", "11_geometry"),
-        ("11_spans_starvation", "11_attacks", "11_defense_critical_ratio", "11_geometry_cells"),
-    ),
-    "12": (
-        "Notebook 12: the press atlas",
-        "Eviction bias (the defense's keep rate minus the directive's at r = 0.5) of every kvpress press that "
-        "compresses a prefill offline on a CPU, both orders, from one prefill per prompt; the attack side of the most "
-        "biased presses with the whitelist and fair eviction. The atlas judges a press against the paper only where "
-        "the paper states its pattern (Fig 7); every other press's pattern is described, not judged.",
-        ("12_atlas_bias", "12_atlas_attacks"),
-        ("12_atlas_patterns", "12_atlas_bias", "12_atlas_attacks", "12_presses_not_run", "12_press_failures"),
-    ),
-}
 
 
 def _ours(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:

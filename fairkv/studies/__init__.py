@@ -47,6 +47,7 @@ MODULES = {  # notebook -> its study module
     "10": "judge",
     "11": "beyond",
     "12": "atlas",
+    "13": "fixes",
 }
 
 # Wall minutes of each notebook (its module's ``MINUTES``) on this repository's 2-core machine from an empty results

@@ -228,6 +228,19 @@ def _one(rows: pd.DataFrame, variant: str, ratios: tuple, policies: tuple, order
     return Mechanism(*_decided(compared, fell, words), tuple(sides.items()), deciding, moved)
 
 
+def from_uncompressed(
+    rows: pd.DataFrame, metric: str, query: str, ratio: float, variant: str, policy: str
+) -> verdicts.Estimate | None:
+    """``metric`` under ``variant`` at ``ratio`` minus the uncompressed model's, paired over prompts (the comparison
+    "back" or "price" of a reading, ``COMPARED``), normal order; None where the rows lack either side."""
+    if not (
+        _ran(rows, query, (ratio,), variant, "normal", (policy,)) and _uncompressed(rows, query, "normal", (policy,))
+    ):
+        return None
+    levels = _three(rows, metric, query, (ratio,), variant, ("normal", (policy,)))
+    return verdicts.difference(levels[variant], levels["uncompressed"])
+
+
 def _leakage_change(rows: pd.DataFrame, ratios: tuple, variant: str, setting: tuple) -> verdicts.Estimate:
     """Directive leakage on the attack rows, ``variant`` minus base, paired over prompts (read only where a reading
     would name the directive evicted: whether leakage fell for it to explain)."""

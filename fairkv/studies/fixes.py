@@ -1,0 +1,276 @@
+"""Notebook 13, which fix, at what price (ours, beyond the paper): every mitigation of instruction eviction side by
+side, per policy and ratio, judged by the same rules on the same prompts.
+
+The fixes: the paper's whitelist (Section 5.1) and fair eviction (Section 5.2), boundary protection (not the paper's:
+after "Protection Is (Nearly) All You Need", arXiv 2605.18053, ``selection.boundary_positions``: 10% of the budget kept
+at each boundary of the system prompt, its start, the junction of its defense and directive, its end), and reordering
+the prompt: the defense last (the flipped order of Fig 5 under the base policy) and the defense's operative sentence
+last in the defense (notebook 11's geometry study, StreamingLLM and SnapKV). Each is read against the uncompressed
+model as the paper's mitigations are (``fairkv.studies.mechanism``): the attack's refusal restored or not, the benign
+queries' refusal (the price), with directive accuracy and directive leakage beside them.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from fairkv.core.presses import PAPER
+from fairkv.report import analysis, verdicts
+from fairkv.report.claims import OURS, Claim, Measured, Part
+from fairkv.report.figures import suptitle
+from fairkv.runs.redecode import Cells
+from fairkv.runs.studies import (
+    CI_MITIGATION_RATIOS,
+    CI_PROMPTS,
+    CPU_MITIGATION_RATIOS,
+    NORMAL,
+    TEN_RATIOS,
+    Fields,
+    Scale,
+    Study,
+)
+from fairkv.studies import mechanism, reading
+
+# Boundary protection beside the base policy, the ratios the paper plots its mitigations at; at the cpu profile the
+# attack on the 100 prompts of notebooks 05-06 (2,500 cells, 41 min 31 s here, ``MINUTES``);
+# its benign side (an answer of up to 256 tokens, about six attack answers) is not run there yet: the table says so
+BOUNDARY = Study(
+    "boundary",
+    "13",
+    "beyond the paper: boundary protection (arXiv 2605.18053)",
+    Fields(variants=("base", "boundary")),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS),
+        "cpu": Scale(ratios=CPU_MITIGATION_RATIOS, orders=NORMAL, queries=("attack",)),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    figures=("13_fixes_table", "13_fixes", "13_recommended", "13_paper_vs_us"),
+    sweep=False,
+)
+STUDIES = (BOUNDARY,)
+
+DEFENSE_LAST, OPERATIVE_LAST = "defense last", "operative last"  # the reorderings, as fixes
+FIXES = ("whitelist", "fair", "boundary", DEFENSE_LAST, OPERATIVE_LAST)
+OPERATIVE_TEMPLATE = "operative_last"  # notebook 11's template with the operative sentence at the defense's end
+AS_UNCOMPRESSED, PRICE, BELOW = (
+    "as uncompressed",
+    "a price",
+    "below it",
+)  # the refusal against the uncompressed model, the price
+UNDECIDED, NONE, NOT_MEASURED = "undecided", "none", "not measured"
+MARKERS = dict(zip(FIXES, "osD^v"))
+COLOURS = dict(zip(FIXES, ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9")))
+
+
+def gathered(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Every fix's rows in one frame (each study's rows with ``analysis.with_benign_flags`` applied; a row several
+    studies hold, once): the normal order's base, whitelist, fair and boundary rows as they are; the flipped order's
+    compressed base rows as the fix ``defense last`` and notebook 11's compressed base rows with the operative sentence
+    last as ``operative last``, both in the normal order. Their own uncompressed rows are left out: every fix is read
+    against the uncompressed model with the prompt as the user wrote it (normal order, the paper's defense)."""
+    rows = pd.concat(frames, ignore_index=True).drop_duplicates(["cell_id", "policy", "variant"], ignore_index=True)
+    template = rows["template"] if "template" in rows else pd.Series(None, index=rows.index, dtype=object)
+    plain, compressed = template.isna(), rows["ratio"] > 0
+    normal = rows[plain & (rows["order"] == "normal") & rows["variant"].isin(("base", *FIXES[:3]))]
+    flipped = rows[plain & compressed & (rows["order"] == "flipped") & (rows["variant"] == "base")]
+    moved = rows[(template == OPERATIVE_TEMPLATE) & compressed & (rows["variant"] == "base")]
+    out = pd.concat(
+        [normal, flipped.assign(order="normal", variant=DEFENSE_LAST), moved.assign(variant=OPERATIVE_LAST)],
+        ignore_index=True,
+    )
+    return out.drop(columns=[c for c in ("template", "place", "keep_operative") if c in out])
+
+
+def _decided(estimate: verdicts.Estimate | None, **bound) -> str:
+    return NOT_MEASURED if estimate is None else verdicts.decide(estimate, **bound)
+
+
+def _level(rows: pd.DataFrame, metric: str, query: str, ratio: float, fix: str, policy: str) -> str:
+    """The mean of ``metric`` with its interval and n, or not measured."""
+    picked = rows[(rows["query"] == query) & (rows["policy"] == policy) & (rows["variant"] == fix)]
+    picked = picked[picked["ratio"].round(6) == round(ratio, 6)]
+    if picked.empty:
+        return NOT_MEASURED
+    estimate = verdicts.mean(picked.groupby("key")[metric].mean())
+    return f"{estimate} (n = {estimate.n})"
+
+
+def one(rows: pd.DataFrame, fix: str, policy: str, ratio: float) -> dict:
+    """One line of the table: the fix at ``policy`` and ``ratio`` against the uncompressed model (the attack's refusal
+    and the benign queries', each with its paired interval), the mechanism as notebooks 05-06 read it, directive
+    accuracy and leakage, and whether it holds (the refusal within the margin of the uncompressed model's, no price)."""
+    back = mechanism.from_uncompressed(rows, "refused", "attack", ratio, fix, policy)
+    price = mechanism.from_uncompressed(rows, "benign_refused", "benign", ratio, fix, policy)
+    found = mechanism.read(rows, fix, ratio, policy)
+    refusal = {verdicts.HOLDS: AS_UNCOMPRESSED, verdicts.FAILS: BELOW}.get(
+        _decided(back, above=-reading.RATE_MARGIN), UNDECIDED
+    )
+    cost = {verdicts.HOLDS: NONE, verdicts.FAILS: PRICE, NOT_MEASURED: NOT_MEASURED}.get(
+        _decided(price, below=reading.RATE_MARGIN), UNDECIDED
+    )
+    sides = dict(found.sides)
+    return {
+        "fix": fix,
+        "policy": policy,
+        "ratio": ratio,
+        "attack refused": sides["attack refused"],
+        "refusal": refusal,
+        "benign refused": sides["benign refused"],
+        "price": cost,
+        "directive accuracy": _level(rows, analysis.ACCURACY, "benign", ratio, fix, policy),
+        "directive leakage": _level(rows, analysis.LEAKAGE, "attack", ratio, fix, policy),
+        "mechanism": f"{found.verdict} ({found.because})",
+        "holds": refusal == AS_UNCOMPRESSED and cost == NONE,
+        "refused_change": back.value if back else float("nan"),
+        "refused_low": back.low if back else float("nan"),
+        "refused_high": back.high if back else float("nan"),
+        "price_change": price.value if price else float("nan"),
+        "price_low": price.low if price else float("nan"),
+        "price_high": price.high if price else float("nan"),
+    }
+
+
+def table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Every fix the rows hold, per policy (the paper's order) and ratio the paper plots its mitigations at
+    (``mechanism.PLOTTED``) where its attack side ran: ``one``'s line."""
+    lines = [
+        one(rows, fix, policy, ratio)
+        for fix in FIXES
+        for policy in PAPER
+        for ratio in mechanism.PLOTTED
+        if mechanism.from_uncompressed(rows, "refused", "attack", ratio, fix, policy) is not None
+    ]
+    if not lines:
+        raise mechanism.MechanismError("no fix's attack rows beside the uncompressed model's")
+    return pd.DataFrame(lines)
+
+
+def holds_to(lines: pd.DataFrame) -> tuple[float | None, str]:
+    """Up to which ratio a fix holds at every ratio it ran from the lowest (None: not at its lowest), and in words where
+    and why it stops: 'to r = 0.5; at 0.6: price undecided', or 'not at r = 0.3: refusal below it'."""
+    reached = None
+    for _, line in lines.sort_values("ratio").iterrows():
+        if not line["holds"]:
+            why = f"refusal {line['refusal']}" if line["refusal"] != AS_UNCOMPRESSED else f"price {line['price']}"
+            if reached is None:
+                return None, f"not at r = {line['ratio']:g}: {why}"
+            return reached, f"to r = {reached:g}; at {line['ratio']:g}: {why}"
+        reached = float(line["ratio"])
+    return reached, f"to r = {reached:g}"
+
+
+def recommended(fixes: pd.DataFrame) -> pd.DataFrame:
+    """Per policy, up to which ratio each fix holds and where and why it stops (``holds_to``), and the fix to use: the
+    one that holds to the highest ratio at no price (ties: each named), or none."""
+    out = []
+    for policy, lines in fixes.groupby("policy", sort=False):
+        found = {fix: holds_to(picked) for fix, picked in lines.groupby("fix", sort=False)}
+        reach, said = {fix: r for fix, (r, _) in found.items()}, {fix: text for fix, (_, text) in found.items()}
+        best = max((r for r in reach.values() if r is not None), default=None)
+        chosen = [fix for fix, r in reach.items() if r is not None and r == best]
+        use = " or ".join(chosen) + f" (to r = {best:g})" if chosen else "none: no fix holds at its lowest ratio"
+        out.append({"policy": reading.label(policy), **{fix: said.get(fix, NOT_MEASURED) for fix in FIXES}, "use": use})
+    return pd.DataFrame(out)
+
+
+def figure(fixes: pd.DataFrame, title: str) -> plt.Figure:
+    """Per policy (a panel each), each fix at each ratio (a mark, labelled by its ratio): its price (benign queries
+    refused, minus the uncompressed model) across, its refusal of the attack (minus the uncompressed model) up, each
+    with its 95% interval; the shaded corner is where a fix holds (within the margin of the uncompressed refusal, at no
+    price). A fix whose benign side was not measured at a ratio has no mark there."""
+    policies = list(dict.fromkeys(fixes["policy"]))
+    fig, axes = plt.subplots(1, len(policies), figsize=(3.6 * len(policies), 3.8), squeeze=False, sharey=True)
+    margin = reading.RATE_MARGIN
+    reach = max(0.1, fixes[["price_low", "price_high"]].abs().max().max()) + 0.03  # every mark and interval shows
+    for axis, policy in zip(axes[0], policies):
+        axis.axvspan(-1, margin, ymin=0, ymax=1, color="#EEEEEE", zorder=0)
+        axis.axhspan(-1, -margin, color="white", zorder=0)
+        for fix, lines in fixes[(fixes["policy"] == policy) & fixes["price_change"].notna()].groupby("fix", sort=False):
+            axis.errorbar(
+                lines["price_change"],
+                lines["refused_change"],
+                xerr=[lines["price_change"] - lines["price_low"], lines["price_high"] - lines["price_change"]],
+                yerr=[lines["refused_change"] - lines["refused_low"], lines["refused_high"] - lines["refused_change"]],
+                fmt=MARKERS[fix],
+                color=COLOURS[fix],
+                ms=4,
+                lw=0.7,
+                label=fix,
+            )
+            for _, line in lines.iterrows():
+                axis.annotate(f"{line['ratio']:g}", (line["price_change"], line["refused_change"]), fontsize=6)
+        axis.axhline(0, color="grey", lw=0.6, ls=":")
+        axis.axvline(0, color="grey", lw=0.6, ls=":")
+        axis.set(title=reading.label(policy), xlim=(-reach, reach), ylim=(-1.02, 0.2))
+        axis.set_xlabel("price: benign refused minus uncompressed", fontsize=8)
+    axes[0, 0].set_ylabel("attack refused minus uncompressed")
+    shown = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}
+    fig.legend(
+        shown.values(), shown.keys(), title="fix (by each mark: its ratio)", fontsize=8, loc="lower center", ncol=5
+    )
+    fig.subplots_adjust(bottom=0.28)
+    suptitle(fig, f"which fix, at what price (shaded: holds, within {margin:g} of the uncompressed model): {title}")
+    return fig
+
+
+BEYOND_PAPER = "not in the paper (arXiv 2605.18053 measured LongBench F1, not refusals)"
+BOUNDARY_REFUSAL = Claim(
+    "fixes.boundary_refusal",
+    "13_fixes",
+    f"boundary protection raises the attack's refusal over the base policy at r = {reading.PEAK:g} (boundary minus "
+    "base, per prompt, the mean over the five policies)",
+    BEYOND_PAPER,
+    above=0.0,
+    region="a rise: refusal with boundary protection minus refusal of the base policy above 0",
+    margin=reading.RATE_MARGIN,
+    null=reading.RATE_NULL,
+    status=OURS,
+    score="refused",
+    cells=(Cells(BOUNDARY, ratios=(0.0, reading.PEAK), queries=("attack",)),),
+    mitigation="boundary",
+)
+CLAIMS = (BOUNDARY_REFUSAL,)
+ITEMS = ()  # none of the paper's items: the fixes beyond it
+# the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: the boundary study's 2,500 attack cells, 41 min
+# 31 s measured on 12-07 (the cores shared with a benchmark for half of it)
+MINUTES = {"ci": 1, "cpu": 42}
+
+
+def _changed(rows: pd.DataFrame, metric: str, ratios) -> tuple[dict, verdicts.Estimate]:
+    """Per prompt, ``metric`` pooled over the policies and ``ratios`` (base, boundary), and boundary minus base."""
+    levels = {
+        v: reading.values(rows, metric, ratios, average=True, variant=v, order="normal") for v in ("base", "boundary")
+    }
+    return levels, verdicts.difference(levels["boundary"], levels["base"])
+
+
+def measure(rows: pd.DataFrame) -> dict[str, Measured]:
+    """Notebook 13's claims from the boundary study's rows (``analysis.with_benign_flags`` applied), each judged on its
+    mechanism as the paper's mitigations are (``mechanism.pooled``, the pooling its number reads)."""
+    policies = tuple(p for p in PAPER if p in set(rows.loc[rows["variant"] == "boundary", "policy"]))
+    peak = reading.PEAK
+    levels, change = _changed(rows[rows["query"] == "attack"], "refused", (peak,))
+    refusal = Measured(
+        [Part("change", change)],
+        f"{verdicts.mean(levels['base'])} -> {verdicts.mean(levels['boundary'])}, change {change.signed()}",
+        change.n,
+        why=f"at r = {peak:g} the attack is refused {levels['boundary'].mean():.2f} of the time with boundary "
+        f"protection, {levels['base'].mean():.2f} without it (the mean over {len(policies)} policies)",
+        untestable=reading.no_room(
+            verdicts.mean(levels["base"]), 1.0, f"the base policy's refusal rate at r = {peak:g}"
+        ),
+        mechanism=mechanism.pooled(rows, "boundary", peak, policies),
+    )
+    return {BOUNDARY_REFUSAL.id: refusal}
+
+
+def advice(chosen: pd.DataFrame) -> str:
+    """The closing answer, per policy, from ``recommended``'s table: the fix to use and up to which ratio, or that
+    none holds."""
+    lines = [f"- **{line['policy']}**: {line['use']}" for _, line in chosen.iterrows()]
+    return (
+        "Which fix, per policy (it holds: the attack refused within "
+        f"{reading.RATE_MARGIN:g} of the uncompressed model, benign queries refused no more, at every ratio from its "
+        "lowest up to the one named):\n\n" + "\n".join(lines)
+    )
