@@ -27,13 +27,12 @@ and directive leakage under each with the paired difference and its 95% interval
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from fair_h2o_spans import AUTHORS
+from fair_h2o_spans import AUTHORS, arguments
 from kvpress import BasePress
 from transformers import DynamicCache
 
@@ -184,14 +183,7 @@ def compare(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--prompts", type=int, default=100, help="first sys_ifeval_shuffled prompts, normal order")
-    parser.add_argument("--ratios", type=float, nargs="+", default=[0.3, 0.5, 0.7])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=128)
-    args = parser.parse_args()
+    args = arguments(__doc__)
     start = time.time()
     lm = models.load_model(args.model, dtype=getattr(torch, args.dtype))
     frame = measure(lm, args.prompts, tuple(args.ratios), args.max_new_tokens, args.batch_size)

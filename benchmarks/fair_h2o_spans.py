@@ -138,15 +138,20 @@ def compare(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(doc: str) -> argparse.Namespace:
+    """The command line both fair-eviction comparisons take (this one and ``fair_authors.py``)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompts", type=int, default=100, help="first sys_ifeval_shuffled prompts, normal order")
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.3, 0.5, 0.7])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=128)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__)
     frame = measure(args.model, args.dtype, args.prompts, tuple(args.ratios), args.max_new_tokens, args.batch_size)
     print(
         f"fair H2O, {args.model} ({args.dtype}), {frame['key'].nunique()} prompts (sys_ifeval_shuffled, normal order), "

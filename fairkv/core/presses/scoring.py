@@ -18,6 +18,10 @@ the chat header, the last the template suffix), so that every prefix token belon
 names the spans, not how the header and suffix are split). Measured on Fig 9's H2O row (benchmarks/fair_h2o_spans.py,
 Qwen2.5-Coder-1.5B bfloat16, 100 prompts, r = 0.3 / 0.5 / 0.7): 99.6 / 99.6 / 99.3% of the kept positions are the same,
 refusal differs by -0.02 [-0.07, +0.02] / +0.00 / +0.00 and directive leakage by at most 0.004: no measurable effect.
+K-Norm, SnapKV, TOVA and StreamingLLM against the authors' fork (benchmarks/fair_authors.py, 50 prompts, r = 0.3 / 0.5
+/ 0.7): inside each span both keep the same tokens; they part only where the authors give the earlier span
+floor(n_kept x its share) and we apportion by largest remainder (one token more or less), at r = 0.3 and 0.7 on 34 and
+36 of 50 prompts (StreamingLLM: 4 of 50 at r = 0.7), with no measurable effect on refusal or leakage.
 
 Beyond the paper, every other score-once policy of the registry gets its span-local scores by its ``scoring`` kind
 (``policy.KIND_SCORERS``):
