@@ -96,11 +96,14 @@ def _level(rows: pd.DataFrame, metric: str, query: str, ratio: float, fix: str, 
     return f"{estimate} (n = {estimate.n})"
 
 
-def one(rows: pd.DataFrame, fix: str, policy: str, ratio: float) -> dict:
+def one(rows: pd.DataFrame, fix: str, policy: str, ratio: float) -> dict | None:
     """One line of the table: the fix at ``policy`` and ``ratio`` against the uncompressed model (the attack's refusal
     and the benign queries', each with its paired interval), the mechanism as notebooks 05-06 read it, directive
-    accuracy and leakage, and whether it holds (the refusal within the margin of the uncompressed model's, no price)."""
+    accuracy and leakage, and whether it holds (the refusal within the margin of the uncompressed model's, no price);
+    None where its attack side did not run."""
     back = mechanism.from_uncompressed(rows, "refused", "attack", ratio, fix, policy)
+    if back is None:
+        return None
     price = mechanism.from_uncompressed(rows, "benign_refused", "benign", ratio, fix, policy)
     found = mechanism.read(rows, fix, ratio, policy)
     refusal = {verdicts.HOLDS: AS_UNCOMPRESSED, verdicts.FAILS: BELOW}.get(
@@ -122,9 +125,9 @@ def one(rows: pd.DataFrame, fix: str, policy: str, ratio: float) -> dict:
         "directive leakage": _level(rows, analysis.LEAKAGE, "attack", ratio, fix, policy),
         "mechanism": f"{found.verdict} ({found.because})",
         "holds": refusal == AS_UNCOMPRESSED and cost == NONE,
-        "refused_change": back.value if back else float("nan"),
-        "refused_low": back.low if back else float("nan"),
-        "refused_high": back.high if back else float("nan"),
+        "refused_change": back.value,
+        "refused_low": back.low,
+        "refused_high": back.high,
         "price_change": price.value if price else float("nan"),
         "price_low": price.low if price else float("nan"),
         "price_high": price.high if price else float("nan"),
@@ -135,11 +138,11 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
     """Every fix the rows hold, per policy (the paper's order) and ratio the paper plots its mitigations at
     (``mechanism.PLOTTED``) where its attack side ran: ``one``'s line."""
     lines = [
-        one(rows, fix, policy, ratio)
+        line
         for fix in FIXES
         for policy in PAPER
         for ratio in mechanism.PLOTTED
-        if mechanism.from_uncompressed(rows, "refused", "attack", ratio, fix, policy) is not None
+        if (line := one(rows, fix, policy, ratio)) is not None
     ]
     if not lines:
         raise mechanism.MechanismError("no fix's attack rows beside the uncompressed model's")
