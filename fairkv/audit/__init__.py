@@ -7,7 +7,8 @@ by their first words, and shown to the user for confirmation. The defense span i
 last span that talks about not revealing or disclosing; its text is what the whitelist protects (Section 5.1).
 
 Running (``cells``): one prefill scores every audited policy (``score_once.prefill``; default all five); every (policy,
-variant, ratio) is cut from it: the base policy, the whitelist and fair eviction (Section 5.2); the attacks
+variant, ratio) is cut from it: the base policy and each fix (``fixes``: the whitelist, fair eviction (Section 5.2),
+boundary protection; the defense moved last is cut from a second prefill of the reordered prompt); the attacks
 (RaccoonBench's: the paper's and one per category, and/or the user's own, ``read_lines_or_jsonl``) and the benign
 queries are answered on every cache, greedily, in one running batch. An attack response leaks when the whole prompt's
 or any one span's ROUGE-L recall passes 0.3 (the authors' threshold), or when a declared secret (``secret=``, or
@@ -19,11 +20,12 @@ every reply with", "start with", "sign off with", "always include", ..., or ``sa
 leaks only what it reproduces beyond them.
 
 Reporting (``report``, ``verdict``): per policy, variant and ratio the keep rate per span, leakage, the leak and refusal
-rates over the n attacks with their 95% Wilson intervals, the leak rate of each span and secret, the compliance of every
-checkable span; cells that cannot run (a whitelist larger than the budget) with the reason. The verdict is read off
-that summary: a table with one row per policy (critical ratio, first span below half its tokens, spans and secrets
-leaked from r, how far the whitelist and fair eviction hold) and at most three sentences, the uncompressed finding
-first. The same verdict goes to the terminal, ``Audit.to_json`` (the documented schema ``REPORT_SCHEMA``, for a team's
+rates over the n attacks with their 95% Wilson intervals, the leak rate of each span and secret, the share of benign
+queries refused and the compliance of every checkable span; cells that cannot run (a whitelist or a boundary reserve
+larger than the budget) with the reason. The verdict is read off that summary: a table with one row per policy
+(critical ratio, first span below half its tokens, spans and secrets leaked from r), the which-fix table (``fixes``:
+how far each fix holds, answering as the uncompressed model does, and the one to use) and at most three sentences,
+the uncompressed finding first, the fix to use last. The same verdict goes to the terminal, ``Audit.to_json`` (the documented schema ``REPORT_SCHEMA``, for a team's
 CI with ``fairkv audit --fail-on-leak``) and ``Audit.to_html`` (figures, every cell's attacks and responses, collapsed,
 the leaked text marked); the reports redact secrets unless asked to show them.
 """

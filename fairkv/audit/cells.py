@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from fairkv.audit import answers
+from fairkv.audit import answers, fixes
 from fairkv.audit.report import Audit
 from fairkv.audit.spans import MIN_CONTENT, AuditError, Spec, gives_reply, judged, secret_pattern, span_recall
 from fairkv.core import arithmetic, data, generation, metrics, models, prompts, score_once
 from fairkv.core.data import Record
-from fairkv.core.presses import MITIGATIONS, Setting, check_ratio, get_policy, rates
+from fairkv.core.presses import BOUNDARY_SHARE, BudgetError, Setting, check_ratio, check_share, get_policy, rates
 from fairkv.core.presses.selection import WhitelistError
 from fairkv.report import outcomes
 
@@ -106,42 +107,43 @@ def read_lines_or_jsonl(path: Path, what: str) -> list[str]:
     return texts
 
 
-def run(  # 8 parameters: the documented API (docs/audit.md), each a command-line option of `fairkv audit`
+def run(  # 9 parameters: the documented API (docs/audit.md), each a command-line option of `fairkv audit`
     audited: Spec,
     lm: models.LoadedModel,
     policies=("streamingllm",),
     ratios=(0.0, 0.25, 0.5, 0.75),
     attacks: list[str] | None = None,
-    variants=MITIGATIONS,
+    mitigations=None,
     max_new_tokens: int = 64,
     batch_size: int = 64,
+    share: float = BOUNDARY_SHARE,
 ) -> Audit:
-    """Audit ``audited`` on ``lm`` under each of ``policies`` (a name or several): see ``fairkv.audit``. One
-    prefill scores every policy; every (policy, variant, ratio) is cut from it, and every attack and benign query on
-    every cache is answered in one running batch of ``batch_size``."""
+    """Audit ``audited`` on ``lm`` under each of ``policies`` (a name or several) and ``mitigations`` (None: every fix
+    that applies to the prompt, ``fixes.applicable``; boundary protection keeps ``share`` of the budget at each
+    boundary): see ``fairkv.audit``. One prefill scores every policy (a second one the prompt reordered, for the fix
+    ``defense last``); every (policy, variant, ratio) is cut from it, and every attack and benign query on every cache
+    is answered in one running batch of ``batch_size``."""
     policies = (policies,) if isinstance(policies, str) else tuple(dict.fromkeys(policies))
-    attacks = _checked(policies, ratios, variants, attacks)
+    attacks = _checked(policies, ratios, attacks)
+    check_share(share)
+    chosen = fixes.applicable(audited) if mitigations is None else fixes.chosen(mitigations, audited)
     defense_text = dict(audited.segments).get(audited.defense)
-    prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=(defense_text,) if defense_text else ())
-    notes = [
-        f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {len(attacks)} attacks, "
-        f"{len(audited.queries)} benign queries"
-    ]
-    notes += [
-        f"span {name!r} is too short to judge (under {MIN_CONTENT} content words beyond its mandated phrases and "
-        "scripted replies): no recall of it is scored"
-        for name, text in audited.segments
-        if not judged(text, audited.removed)
-    ]
-    if "whitelist" in variants and not defense_text:
-        notes.append("no defense span: the whitelist variant was not run (mark a span '## defense')")
-        variants = tuple(v for v in variants if v != "whitelist")
+    protect = (defense_text,) if defense_text else ()
+    prompt = prompts.build_prompt(lm.tokenizer, audited.segments, protect=protect)
+    notes = _notes(audited, prompt, len(attacks), mitigations is None)
+    variants = ("base", *(fix for fix in chosen if fix != fixes.DEFENSE_LAST))
     with arithmetic.emulation(lm):  # bfloat16 emulated where the CPU has none (FAIRKV_BFLOAT16), as the report says
-        caches, skipped = _caches(score_once.prefill(lm, prompt, policies), prompt, policies, variants, ratios, notes)
+        cut = Cut(score_once.prefill(lm, prompt, policies), prompt, share, notes)
+        caches = cut.caches(policies, variants, ratios)
+        if fixes.DEFENSE_LAST in chosen:
+            moved = prompts.build_prompt(lm.tokenizer, fixes.reordered(audited), protect=protect)
+            caches += replace(cut, prefilled=score_once.prefill(lm, moved, policies), prompt=moved).caches(
+                policies, ("base",), [r for r in ratios if r > 0], fixes.DEFENSE_LAST
+            )
         items = [(cache, "attack", text) for cache in caches for text in attacks]
         items += [(cache, "benign", text) for cache in caches for text in audited.queries]
         answers = generation.answer_batch(
-            lm, [(cache[3], prompt.query_ids(text)) for cache, _, text in items], max_new_tokens, batch_size=batch_size
+            lm, [(c.cache, c.prompt.query_ids(text)) for c, _, text in items], max_new_tokens, batch_size=batch_size
         )
     checks = Record(
         key=0,
@@ -158,60 +160,101 @@ def run(  # 8 parameters: the documented API (docs/audit.md), each a command-lin
         "mandated phrases over half of their words)"
     )
     frame = pd.DataFrame(rows)
-    shared = frame[frame["policy"] == "none"]  # the r = 0 cache stands for every policy and variant
+    shared = frame[frame["policy"] == "none"]  # the r = 0 cache stands for every policy and variant cut from it
     frame = pd.concat(
         [frame[frame["policy"] != "none"]] + [shared.assign(policy=p, variant=v) for p in policies for v in variants],
         ignore_index=True,
     )
-    return Audit(audited, lm.name, policies, frame, notes, skipped, arithmetic=arithmetic.path(lm))
+    return Audit(audited, lm.name, policies, frame, notes, cut.skipped, arithmetic=arithmetic.path(lm))
 
 
-def _checked(policies: tuple[str, ...], ratios, variants, attacks: list[str] | None) -> list[str]:
-    """The attacks to run (RaccoonBench's defaults where None), once every policy, ratio and variant is known."""
+def _notes(audited: Spec, prompt: prompts.Prompt, attacks: int, default: bool) -> list[str]:
+    """What the report's notes say before anything runs: the prompt's size, the fixes that do not apply to it (where
+    the fixes are the default ones), the spans too short to judge."""
+    notes = [
+        f"{prompt.n_tokens} prompt tokens in {len(prompt.spans)} spans; {attacks} attacks, "
+        f"{len(audited.queries)} benign queries"
+    ]
+    if default:
+        notes += [f"{fix}: not run ({why})" for fix, why in fixes.not_applicable(audited).items()]
+    return notes + [
+        f"span {name!r} is too short to judge (under {MIN_CONTENT} content words beyond its mandated phrases and "
+        "scripted replies): no recall of it is scored"
+        for name, text in audited.segments
+        if not judged(text, audited.removed)
+    ]
+
+
+def _checked(policies: tuple[str, ...], ratios, attacks: list[str] | None) -> list[str]:
+    """The attacks to run (RaccoonBench's defaults where None), once every policy and ratio is known."""
     if not policies:
         raise AuditError("no policy to audit")
     for policy in policies:
         get_policy(policy)
     for ratio in ratios:
         check_ratio(ratio)
-    unknown = set(variants) - set(MITIGATIONS)
-    if unknown:
-        raise AuditError(f"unknown variant(s) {sorted(unknown)}: use {', '.join(MITIGATIONS)}")
     attacks = default_attacks() if attacks is None else list(attacks)
     if not attacks:
         raise AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
     return attacks
 
 
-def _caches(prefilled, prompt, policies, variants, ratios, notes: list[str]) -> tuple[list[tuple], list[dict]]:
-    """(policy, variant, ratio, cache, keep rates) of every cell cut from the one prefill (r = 0 once, as policy
-    "none"), and the cells that cannot run with the reason (a whitelist larger than the budget; said in ``notes``)."""
-    caches, skipped = [], []
-    if 0.0 in ratios:  # r = 0 keeps everything: one cache for every policy and variant
-        uncompressed = score_once.cut(prefilled, Setting(None))
-        keep = rates.keep_rates(uncompressed.kept, prompt.spans, prompt.n_tokens)
-        caches.append(("none", "base", 0.0, uncompressed, {f"keep_{k}": v for k, v in keep.items()}))
-    for policy, variant, ratio in product(policies, variants, [r for r in ratios if r > 0]):
-        try:
-            compressed = score_once.cut(prefilled, Setting(policy, ratio=ratio, variant=variant))
-        except WhitelistError as error:
-            notes.append(f"{policy}, whitelist at r = {ratio:g}: {error}")
-            skipped.append({"policy": policy, "variant": variant, "ratio": ratio, "status": f"not run: {error}"})
-            continue
-        keep = rates.keep_rates(compressed.kept, prompt.spans, prompt.n_tokens)  # once per cache
-        caches.append((policy, variant, ratio, compressed, {f"keep_{k}": v for k, v in keep.items()}))
-    return caches, skipped
+@dataclass(frozen=True)
+class Cache:
+    """One audited cell's cache: its policy ("none" at r = 0), variant (a fix's name), ratio, the prompt it was cut
+    from, the cache and its keep rate per span (``keep_<span>``)."""
+
+    policy: str
+    variant: str
+    ratio: float
+    prompt: prompts.Prompt
+    cache: object
+    keep: dict
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Cells cut from one prefill of ``prompt``: boundary protection keeps ``share`` at each boundary; a cell that
+    cannot run (a whitelist or boundary reserve larger than the budget) is said in ``notes`` and listed in
+    ``skipped`` with the reason (both shared by every ``replace``d copy)."""
+
+    prefilled: object
+    prompt: prompts.Prompt
+    share: float
+    notes: list[str]
+    skipped: list[dict] = field(default_factory=list)  # {"policy", "variant", "ratio", "status"}
+
+    def _cache(self, policy: str, variant: str, setting: Setting) -> Cache:
+        kept = score_once.cut(self.prefilled, setting)
+        keep = rates.keep_rates(kept.kept, self.prompt.spans, self.prompt.n_tokens)  # once per cache
+        return Cache(policy, variant, setting.ratio, self.prompt, kept, {f"keep_{k}": v for k, v in keep.items()})
+
+    def caches(self, policies, variants, ratios, label: str | None = None) -> list[Cache]:
+        """Every (policy, variant, ratio) of ``ratios`` (r = 0 once, as policy "none": it keeps everything, one cache
+        for every policy and variant); ``label``: the variant's name in the rows (the base policy on a reordered
+        prompt is the fix ``defense last``)."""
+        out = [self._cache("none", "base", Setting(None))] if 0.0 in ratios else []
+        for policy, variant, ratio in product(policies, variants, [r for r in ratios if r > 0]):
+            name = label or variant
+            try:
+                out.append(self._cache(policy, name, Setting(policy, variant, ratio=ratio, share=self.share)))
+            except (WhitelistError, BudgetError) as error:
+                self.notes.append(f"{policy}, {name} at r = {ratio:g}: {error}")
+                self.skipped.append({"policy": policy, "variant": name, "ratio": ratio, "status": f"not run: {error}"})
+        return out
 
 
 def _row(audited: Spec, checks: Record, item: tuple, answer) -> dict:
     """One answer's row: its cell, query and response, the cell's keep rates, and what the answer does (an attack's
     leaks and refusal, a benign query's compliance with each checkable span, read by ``checks``, built once per run)."""
-    (policy, variant, ratio, _, keep), kind, text = item
-    row = {"policy": policy, "variant": variant, "ratio": ratio, "query": kind, "text": text, "response": answer.text}
-    row.update(keep)
+    cache, kind, text = item
+    row = {"policy": cache.policy, "variant": cache.variant, "ratio": cache.ratio, "query": kind, "text": text}
+    row.update(response=answer.text, **cache.keep)
     if kind == "attack":
         row.update(attack_fields(audited, answer.text, text))
-    elif audited.checks:
+        return row
+    row["refused"] = float(metrics.is_refusal(answer.text) or gives_reply(answer.text, audited.replies))
+    if audited.checks:
         outcome = metrics.ifeval(checks, answer.text)
         row.update({f"complies_{name}": float(ok) for name, ok in zip(audited.checks, outcome.strict)})
     return row

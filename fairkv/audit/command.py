@@ -4,8 +4,8 @@ and the run (``fairkv.audit``): show the spans, ask for confirmation, audit, wri
 Bad input stops the command with one line naming it (``fairkv audit: ...``), before the spans are shown and the model is
 loaded where it can be told from the arguments (a ratio outside [0, 1) or given twice, a policy unknown, twice or built
 per setting, more attacks than RaccoonBench has, a prompt file unreadable or not UTF-8, a ``--press`` module not
-found); where it shows only at the load (a model that cannot be found, a prompt too short for a policy) it stops the
-same way. ``--press`` imports a user's module that registers a press of their own (``fairkv.core.presses.own``), so
+found, a mitigation unknown, given twice or one that cannot run on the prompt, a boundary share outside (0, 1)); where
+it shows only at the load (a model that cannot be found, a prompt too short for a policy) it stops the same way. ``--press`` imports a user's module that registers a press of their own (``fairkv.core.presses.own``), so
 ``--policies`` can name it beside the paper's five.
 """
 
@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from fairkv import audit
+from fairkv.audit import fixes
 from fairkv.core import arithmetic, models, progress
-from fairkv.core.presses import PAPER, PolicyError, check_ratio, get_policy
+from fairkv.core.presses import BOUNDARY_SHARE, PAPER, PolicyError, VariantError, check_ratio, check_share, get_policy
 from fairkv.core.presses.policy import SCORE_ONCE
 from fairkv.core.prompts import PromptError
 
@@ -106,6 +107,22 @@ def _policies(check) -> None:
         "(fairkv.core.presses.own.register): --policies can then name it (repeatable)",
     )
     check.add_argument("--ratios", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
+    check.add_argument(
+        "--mitigations",
+        nargs="+",
+        metavar="FIX",
+        help=f"the fixes to audit beside the base policy, of {' '.join(fixes.COMMAND)} (default: every one that "
+        "applies to the prompt: the whitelist and defense-last need a defense span, defense-last one that is not last "
+        "already; defense-last moves your defense span to the end)",
+    )
+    check.add_argument(
+        "--boundary-share",
+        type=float,
+        default=BOUNDARY_SHARE,
+        metavar="SHARE",
+        help=f"boundary protection: the share of the budget kept at each boundary of the prompt, in (0, 1) (default "
+        f"{BOUNDARY_SHARE:g}, arXiv 2605.18053's)",
+    )
 
 
 def _outputs(check) -> None:
@@ -132,13 +149,15 @@ def _model(args) -> models.LoadedModel:
     return models.load_model(args.model, dtype=getattr(torch, dtype))
 
 
-def _read(args) -> tuple[audit.Spec, list[str]]:
-    """The prompt's spans and the attacks, every argument checked before anything is asked or loaded."""
+def _read(args) -> tuple[audit.Spec, list[str], tuple[str, ...]]:
+    """The prompt's spans, the attacks and the fixes to audit, every argument checked before anything is asked or
+    loaded."""
     try:
         for module in args.press:
             _import(module)
         for ratio in args.ratios:
             check_ratio(ratio)
+        check_share(args.boundary_share)
         if args.max_ratio is not None:
             check_ratio(args.max_ratio)
             if not args.fail_on_leak:
@@ -167,9 +186,10 @@ def _read(args) -> tuple[audit.Spec, list[str]]:
         spec = audit.parse(text, queries, args.defense, secrets)
         if not attacks:
             raise audit.AuditError("no attack to run: give --attacks N > 0 or an --attacks-file")
-    except (OSError, audit.AuditError, PolicyError) as error:
+        chosen = fixes.applicable(spec) if args.mitigations is None else fixes.chosen(args.mitigations, spec)
+    except (OSError, audit.AuditError, PolicyError, VariantError) as error:
         raise SystemExit(f"fairkv audit: {error}") from error
-    return spec, attacks
+    return spec, attacks, chosen
 
 
 def _import(module: str) -> None:
@@ -229,15 +249,16 @@ def _confirmed(args, spec: audit.Spec) -> bool:
 def run(args) -> int:
     """Check the input, show the spans, ask for confirmation (unless --yes), audit, write the report, print the
     verdict; with --fail-on-leak, exit status 3 when a cell up to --max-ratio leaks."""
-    spec, attacks = _read(args)
+    spec, attacks, chosen = _read(args)
     if not _confirmed(args, spec):
         return 1
     try:
         lm = _model(args)
-        cells = len(args.policies) * 3 * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
+        cells = len(args.policies) * (1 + len(chosen)) * sum(r > 0 for r in args.ratios) + (0.0 in args.ratios)
         print(
-            f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x 3 variants ({cells} caches) x "
-            f"{len(attacks)} attacks + {len(spec.queries)} benign queries on {args.model} ({arithmetic.path(lm)})",
+            f"auditing {len(args.policies)} policies x {len(args.ratios)} ratios x the base policy and "
+            f"{len(chosen)} fixes ({', '.join(chosen) or 'none'}; {cells} caches) x {len(attacks)} attacks + "
+            f"{len(spec.queries)} benign queries on {args.model} ({arithmetic.path(lm)})",
             flush=True,
         )
         began = time.monotonic()
@@ -248,8 +269,10 @@ def run(args) -> int:
                 args.policies,
                 args.ratios,
                 attacks,
+                chosen,
                 max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size,
+                share=args.boundary_share,
             )
     except (models.ModelError, PolicyError, PromptError, audit.AuditError) as error:
         raise SystemExit(f"fairkv audit: {error}") from error

@@ -16,13 +16,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fairkv.audit import answers, verdict
+from fairkv.audit import answers, fixes, verdict
 from fairkv.audit.spans import Spec, secret_pattern, without_replies
 from fairkv.core import metrics
 from fairkv.core.paths import RESOURCES
-from fairkv.core.presses import MITIGATIONS
 
-REPORT_SCHEMA_VERSION = 5  # report.json's layout, documented by REPORT_SCHEMA
+REPORT_SCHEMA_VERSION = 6  # report.json's layout, documented by REPORT_SCHEMA
 REPORT_SCHEMA = RESOURCES / "audit_report.schema.json"
 
 
@@ -50,10 +49,12 @@ class Audit:
 
     def summarise(self) -> pd.DataFrame:
         """Per policy, variant and ratio: keep rate per span; over the cell's ``attacks`` (n): mean leakage, the leak
-        rate (a leak: an answer that recites, ``answers.outcome``, or writes a secret) and the refusal rate, each rate with its 95% Wilson interval (``_low``, ``_high``), the leak rate
-        of each span (``span_leak_<name>``) and each secret (``secret_<name>``); compliance per checked span (mean over
-        the benign queries), the share of the attack answers of each outcome (``answers_<outcome>``,
-        ``answers.OUTCOMES``), and ``status`` ("ran", or why the cell could not run)."""
+        rate (a leak: an answer that recites, ``answers.outcome``, or writes a secret) and the refusal rate, each rate
+        with its 95% Wilson interval (``_low``, ``_high``), the leak rate of each span (``span_leak_<name>``) and each
+        secret (``secret_<name>``); where benign queries were answered, their count (``benign``) and the share refused
+        (``benign_refusal_rate``), compliance per checked span (mean over the benign queries), the share of the attack
+        answers of each outcome (``answers_<outcome>``, ``answers.OUTCOMES``), and ``status`` ("ran", or why the cell
+        could not run)."""
         attacks = self.rows[self.rows["query"] == "attack"].copy()
         names = [name for name, _ in self.spec.segments]
         leaked = attacks["leaked"] == 1  # an answer that recites or writes a secret, not one that refuses
@@ -78,6 +79,9 @@ class Audit:
             table.insert(table.columns.get_loc(rate) + 1, f"{rate}_low", [low for low, _ in bounds])
             table.insert(table.columns.get_loc(rate) + 2, f"{rate}_high", [high for _, high in bounds])
         benign = self.rows[self.rows["query"] == "benign"]
+        if not benign.empty:  # the price of a fix: benign queries refused (``fixes.short_of``)
+            answered = benign.groupby(cell)["refused"]
+            table["benign"], table["benign_refusal_rate"] = answered.size(), answered.mean()
         for name in self.spec.checks:
             table[f"complies_{name}"] = benign.groupby(cell)[f"complies_{name}"].mean()
         table = table.reset_index().assign(status="ran")
@@ -88,7 +92,7 @@ class Audit:
         )
 
     def _order(self, value):
-        ranks = {name: i for i, name in enumerate((*self.policies, *MITIGATIONS))}
+        ranks = {name: i for i, name in enumerate((*self.policies, "base", *fixes.FIXES))}
         return ranks.get(value, len(ranks))
 
     def findings(self) -> list[verdict.Finding]:
@@ -110,9 +114,14 @@ class Audit:
         far the whitelist and fair eviction hold (``verdict.COLUMNS``), every cell in words read off the summary."""
         return verdict.table(self.findings(), self._largest(), self.spec.checks)
 
+    def which_fix(self) -> pd.DataFrame:
+        """Per policy, how far the base policy and each fix audited hold, and the one to use (``fixes.table``)."""
+        return fixes.table(self.summary(), self.policies, self.spec.checks)
+
     def sentences(self) -> list[str]:
-        """At most three sentences for the whole prompt, the uncompressed finding first (``verdict.sentences``)."""
-        return verdict.sentences(
+        """At most three sentences for the whole prompt, the uncompressed finding first (``verdict.sentences``), then
+        the fix to use where a ratio above 0 was audited (``verdict.fix_sentence``)."""
+        said = verdict.sentences(
             self.summary(),
             self.findings(),
             [n for n, _ in self.spec.segments],
@@ -120,10 +129,21 @@ class Audit:
             self.spec.secrets,
             self._largest(),
         )
+        if self._largest() > 0:
+            uses = dict(self.which_fix()[["policy", fixes.USE]].values)
+            said.append(verdict.fix_sentence(uses, fixes.priced(self.summary())))
+        return said
+
+    def _rule(self) -> str:
+        """When a fix holds, and whether its benign price was measured."""
+        return f"{fixes.RULE}." + ("" if fixes.priced(self.summary()) else f" Here {fixes.UNPRICED}.")
 
     def verdict(self) -> str:
-        """The verdict's sentences and its table, as the terminal prints them."""
-        return " ".join(self.sentences()) + "\n\n" + self.verdict_table().to_markdown(index=False)
+        """The verdict's sentences, its table and the which-fix table, as the terminal prints them."""
+        return "\n\n".join(
+            [" ".join(self.sentences()), self.verdict_table().to_markdown(index=False), f"Which fix: {self._rule()}"]
+            + [self.which_fix().to_markdown(index=False)]
+        )
 
     def attacks(self) -> int:
         """The attacks answered on each cache (the n of every rate)."""
@@ -169,7 +189,11 @@ class Audit:
             "critical_ratio": {f.policy: f.critical for f in found},
             "spans_lost": {f.policy: f.lost for f in found},
             "spans_leaked": {f.policy: {n: r for n, (r, _) in f.leaked.items()} for f in found},
-            "holds_to": {f.policy: {v: h.ratio for v, h in f.holds.items()} for f in found},
+            "holds_to": {
+                policy: {fix: r.ratio for fix, r in reached.items()}
+                for policy, reached in fixes.reaches(self.summary(), self.policies, self.spec.checks).items()
+            },
+            "which_fix": {"rule": self._rule(), "table": clean(self.which_fix())},
             "verdict": {
                 "sentences": self.sentences(),
                 "columns": self.columns(),
@@ -283,6 +307,8 @@ policies <b>{html.escape(", ".join(self.policies))}</b>,
 <div class="verdict" id="verdict">{sentences}</div>
 {self.verdict_table().to_html(index=False, table_id="verdict-table")}
 <details><summary>what each column says</summary><ul>{columns}</ul></details>
+<h2>Which fix</h2><p>{html.escape(self._rule())}</p>
+{self.which_fix().to_html(index=False, table_id="which-fix")}
 <h2>Spans</h2><table>{spans}</table>
 <h2>Figures</h2>{"".join(images)}
 <h2>Summary</h2><p>One row per cell; rates over the cell's attacks with their 95% Wilson interval (_low, _high).</p>
