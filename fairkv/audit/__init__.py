@@ -30,6 +30,7 @@ CI with ``fairkv audit --fail-on-leak``) and ``Audit.to_html`` (figures, every c
 the leaked text marked); the reports redact secrets unless asked to show them.
 """
 
+from fairkv.audit import fixes
 from fairkv.audit.cells import attack_fields, default_attacks, read_lines_or_jsonl, run
 from fairkv.audit.report import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, Audit, marked
 from fairkv.audit.spans import (
@@ -45,17 +46,16 @@ from fairkv.audit.spans import (
     spec,
 )
 from fairkv.audit.verdict import rate_words
-from fairkv.core.presses import MITIGATIONS
 
 __all__ = [
     "REPORT_SCHEMA",
     "REPORT_SCHEMA_VERSION",
-    "MITIGATIONS",
     "Audit",
     "AuditError",
     "Spec",
     "attack_fields",
     "default_attacks",
+    "fixes",
     "is_marked",
     "mandated_phrases",
     "marked",

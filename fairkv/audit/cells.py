@@ -135,7 +135,7 @@ def run(  # 9 parameters: the documented API (docs/audit.md), each a command-lin
     with arithmetic.emulation(lm):  # bfloat16 emulated where the CPU has none (FAIRKV_BFLOAT16), as the report says
         cut = Cut(score_once.prefill(lm, prompt, policies), prompt, share, notes)
         caches = cut.caches(policies, variants, ratios)
-        if fixes.DEFENSE_LAST in chosen:
+        if fixes.DEFENSE_LAST in chosen and any(r > 0 for r in ratios):
             moved = prompts.build_prompt(lm.tokenizer, fixes.reordered(audited), protect=protect)
             caches += replace(cut, prefilled=score_once.prefill(lm, moved, policies), prompt=moved).caches(
                 policies, ("base",), [r for r in ratios if r > 0], fixes.DEFENSE_LAST

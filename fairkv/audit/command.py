@@ -269,7 +269,7 @@ def run(args) -> int:
                 args.policies,
                 args.ratios,
                 attacks,
-                chosen,
+                None if args.mitigations is None else chosen,  # None: the skipped fixes said in the notes
                 max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size,
                 share=args.boundary_share,

@@ -30,6 +30,7 @@ NEEDS_DEFENSE = (WHITELIST, DEFENSE_LAST)
 COMMAND = {fix.replace(" ", "-"): fix for fix in FIXES}  # ``--mitigations`` names -> fixes
 BASE_COLUMN = "no fix (the base policy)"
 UNCOMPARED = "r = 0 not audited, nothing to compare with"
+UNCOMPRESSED_ONLY = "no ratio above 0 audited"
 UNPRICED = "the benign price not measured (give --query)"
 USE = "use"
 
@@ -119,14 +120,13 @@ def short_of(cell: pd.Series, start: pd.Series, checks) -> list[str]:
 
 
 def reach(cells: pd.DataFrame, fix: str, checks) -> Reach:
-    """How far ``fix`` (or "base", the policy alone) holds, over the ratios r > 0 audited in order: ``cells`` are one
+    """How far ``fix`` (or "base", the policy alone; one of the summary's variants) holds, over the ratios r > 0 audited
+    in order: ``cells`` are one
     policy's summary rows indexed by (variant, ratio); a cell that falls short (``short_of``) or could not run ends
     it."""
     ran = cells[cells["status"] == "ran"]
     if ("base", 0.0) not in ran.index:
         return Reach(None, UNCOMPARED)
-    if fix not in cells.index.get_level_values("variant"):
-        return Reach(None, "not audited")
     start, held = ran.loc[("base", 0.0)], None
     for ratio, cell in cells.loc[fix].sort_index().iterrows():
         if ratio <= 0:
@@ -137,14 +137,14 @@ def reach(cells: pd.DataFrame, fix: str, checks) -> Reach:
         if said:
             return Reach(held, f"at r = {_r(ratio)}: {'; '.join(said)}")
         held = float(ratio)
-    return Reach(held, "" if held is not None else "no ratio above 0 audited")
+    return Reach(held, "" if held is not None else UNCOMPRESSED_ONLY)
 
 
 def use(reached: dict[str, Reach]) -> str:
     """The fix to use from each one's ``Reach`` ("base" among them: the policy alone): none needed where the base
     policy holds as far as any fix; else the fix(es) holding to the highest ratio; else none."""
-    if reached["base"].stop == UNCOMPARED:
-        return f"not judged ({UNCOMPARED})"
+    if reached["base"].stop in (UNCOMPARED, UNCOMPRESSED_ONLY):
+        return f"not judged ({reached['base'].stop})"
     fixes = {fix: r.ratio for fix, r in reached.items() if fix != "base" and r.ratio is not None}
     best = max(fixes.values(), default=None)
     base = reached["base"].ratio

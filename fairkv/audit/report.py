@@ -28,8 +28,9 @@ REPORT_SCHEMA = RESOURCES / "audit_report.schema.json"
 @dataclass
 class Audit:
     """The audit's rows (one per policy, variant, ratio and query; ``policy`` "none" is never used: the r = 0 rows
-    are listed under every policy) and what it concludes. ``skipped``: the cells that could not run, with the reason
-    (a whitelist larger than the budget), shown in the summary as such."""
+    are listed under every policy and every variant cut from the prompt as written) and what it concludes. ``skipped``:
+    the cells that could not run, with the reason (a whitelist or a boundary reserve larger than the budget), shown in
+    the summary as such."""
 
     spec: Spec
     model: str
@@ -81,7 +82,7 @@ class Audit:
         benign = self.rows[self.rows["query"] == "benign"]
         if not benign.empty:  # the price of a fix: benign queries refused (``fixes.short_of``)
             answered = benign.groupby(cell)["refused"]
-            table["benign"], table["benign_refusal_rate"] = answered.size(), answered.mean()
+            table["benign"], table["benign_refusal_rate"] = answered.size().astype("Int64"), answered.mean()
         for name in self.spec.checks:
             table[f"complies_{name}"] = benign.groupby(cell)[f"complies_{name}"].mean()
         table = table.reset_index().assign(status="ran")
@@ -110,8 +111,8 @@ class Audit:
         return float(self.summary()["ratio"].max())
 
     def verdict_table(self) -> pd.DataFrame:
-        """One row per policy: critical ratio, first span below half its tokens, spans and secrets leaked from r, how
-        far the whitelist and fair eviction hold (``verdict.COLUMNS``), every cell in words read off the summary."""
+        """One row per policy: critical ratio, first span below half its tokens, spans and secrets leaked from r
+        (``verdict.COLUMNS``), every cell in words read off the summary; how far each fix holds is ``which_fix``."""
         return verdict.table(self.findings(), self._largest(), self.spec.checks)
 
     def which_fix(self) -> pd.DataFrame:

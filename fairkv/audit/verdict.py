@@ -259,8 +259,4 @@ def fix_sentence(uses: dict[str, str], priced: bool) -> str:
         answer = f"{next(iter(groups))} with every policy"
     else:
         answer = "; ".join(f"{', '.join(policies)}: {said}" for said, policies in groups.items())
-    return (
-        "Which fix to use (one holds at r where its answers are as the uncompressed model's: no more attacks leak, "
-        f"none fewer are refused, no more benign queries refused): {answer}"
-        + ("." if priced else f"; {fixes.UNPRICED}.")
-    )
+    return f"Which fix to use ({fixes.RULE}): {answer}" + ("." if priced else f"; {fixes.UNPRICED}.")
