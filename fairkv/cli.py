@@ -168,14 +168,14 @@ def _store_arguments(commands) -> None:
     )
     stores.add_argument("action", choices=("check", "compact", "seal"))
     stores.add_argument(
-        "paths", nargs="*", help="store files (default: every *.jsonl in the results folder and its profile folders)"
+        "paths", nargs="*", help="store files (default: every store under the results folder, live or sealed)"
     )
     checking = commands.add_parser("verify", help="recompute random stored rows from scratch and count identical ones")
     checking.add_argument(
         "paths",
         nargs="*",
-        help="store files (default: every sweep store in the results folder and "
-        "its profile folders, the judge's scores among them)",
+        help="store files (default: every store under the results folder, live or sealed: the sweeps', the atlas's, "
+        "the judge's scores)",
     )
     checking.add_argument("--sample", type=int, default=20, metavar="K", help="rows to recompute per store")
     checking.add_argument("--seed", type=int, default=0)
@@ -214,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "redecode":
         return run_redecode(args.claims, args.profile)
     if args.command == "verify":
-        paths = [Path(p) for p in args.paths] or [path for path in stores_found()]
+        paths = [Path(p) for p in args.paths] or stores_found()
+        if not paths:
+            raise SystemExit(
+                f"fairkv verify: no store under {results_dir()} (live *.jsonl or sealed {SEGMENTS}); name one"
+            )
         return run_verify(paths, args.sample, args.seed)
     if args.command == "restamp":
         return run_restamp([Path(p) for p in args.paths], args.was, args.sample, args.seed)
@@ -257,15 +261,22 @@ def redecoded_run():
                 os.environ[name] = value
 
 
+SEGMENTS = "*.part-[0-9][0-9][0-9][0-9].jsonl.gz"  # a sealed store's segments (``ResultsStore.segments``)
+
+
 def stores_found() -> list[Path]:
-    """Every store in the results folder and in its profile folders (``fairkv.runs.studies.results_folder``)."""
-    return sorted(results_dir().glob("*.jsonl")) + sorted(results_dir().glob("*/*.jsonl"))
+    """Every store under the results folder, at any depth (a profile's folder, its atlas, operative and redecoded
+    folders), each once by its path (``<model>.jsonl``): a live file, or the gzip segments it was sealed into
+    (``<model>.part-NNNN.jsonl.gz``), as a clone has them."""
+    root = results_dir()
+    sealed = {path.with_name(path.name.rsplit(".part-", 1)[0] + ".jsonl") for path in root.rglob(SEGMENTS)}
+    return sorted(sealed | set(root.rglob("*.jsonl")))
 
 
 def run_store(action: str, paths: list[Path]) -> int:
     """Print each store's check (lines, cells, duplicates, other versions, who computes it), compact or seal it."""
     if not paths:
-        raise SystemExit(f"fairkv store: no store in {results_dir()}; name the files")
+        raise SystemExit(f"fairkv store: no store under {results_dir()}; name the files")
     versions = fingerprint.versions()
     for path in paths:
         if not path.is_file():

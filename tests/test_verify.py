@@ -349,3 +349,23 @@ def test_a_missing_store_or_one_of_another_schema_is_named(tmp_path):
     for command in ("verify", "restamp"):
         with pytest.raises(SystemExit, match=rf"fairkv {command}: .*junk.jsonl, line 1: written with results schema"):
             cli.main([command, str(junk), *(["--was", "0123456789ab"] if command == "restamp" else [])])
+
+
+def test_verify_with_no_path_finds_the_sealed_stores_at_any_depth_and_names_where_it_looked(stored, tmp_path, capsys):
+    """The documented check of a machine (docs/reliability.md: ``fairkv verify --sample K``, every committed store)
+    finds a store sealed into gzip segments in a folder below a profile's, as a clone has it (no live file), each
+    store once; finding none is an error naming where it looked (broken on purpose: the default looked for live
+    ``*.jsonl`` files one folder deep, verified nothing and exited 0)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAIRKV_RESULTS_DIR", str(results))
+        with pytest.raises(SystemExit, match=f"fairkv verify: no store under {re.escape(str(results))} "):
+            cli.main(["verify"])
+        store = results / "cpu" / "redecoded" / stored.name
+        store.parent.mkdir(parents=True)
+        store.write_bytes(stored.read_bytes())
+        ResultsStore(store).seal()
+        store.unlink()  # a clone has the segments only
+        assert cli.stores_found() == [store] and cli.main(["verify", "--sample", "2"]) == 0
+    assert f"{store}" in capsys.readouterr().out
