@@ -120,19 +120,28 @@ class _TextPress(BasePress):
         setting = Setting(None, Variant.of(fair=bool(fair), whitelist=bool(phrases)), fair[0].lam if fair else 1.0)
         return RecordingPress(scorer, setting, Marks(spans, protected))
 
-    def keep_rates(self, spans: Sequence[str] | None = None) -> dict[str, float]:
-        """Each span's keep rate in the last context compressed, keyed by its text (Section 4's definition,
-        ``fairkv.core.presses.rates``): ``spans`` are placed as a ``FairPress`` places its own, which they default to."""
+    def keep_rates(self, texts: Sequence[str] | None = None) -> dict[str, float]:
+        """Keep rates in the last context compressed, keyed by text (Section 4's definition,
+        ``fairkv.core.presses.rates``): of each of ``texts`` its own tokens (those overlapping its first occurrence
+        after the previous text's: a phrase's rate is the phrase's); without ``texts``, of the spans of the
+        ``FairPress`` or ``BoundaryPress`` in the chain as it cuts the context (a partition: the chat header counted
+        with the first span, what follows a span's text with that span)."""
         if self._context is None:
             raise NativePressError("no context compressed yet: run the press first (e.g. through kvpress's pipeline)")
-        own = [w.spans for w in self._chain()[1] if isinstance(w, (FairPress, BoundaryPress))]
-        texts = _texts(spans, "spans") if spans is not None else (own[0] if own else ())
-        if not texts or not all(texts):
-            raise NativePressError(
-                "keep rates need span texts: pass spans, or wrap the press in a FairPress or a BoundaryPress"
-            )
         text, offsets = self._context
-        placed = [Span(t, start, end, t) for t, (start, end) in zip(texts, _partition(text, offsets, texts))]
+        if texts is not None:
+            texts = _texts(texts, "texts")
+            if not texts or not all(texts):
+                raise NativePressError("keep rates need at least one non-empty text")
+            ranges = _placed(text, offsets, texts)
+        else:
+            own = [w.spans for w in self._chain()[1] if isinstance(w, (FairPress, BoundaryPress))]
+            if not own:
+                raise NativePressError(
+                    "keep rates need texts: pass them, or wrap the press in a FairPress or a BoundaryPress"
+                )
+            texts, ranges = own[0], _partition(text, offsets, own[0])
+        placed = [Span(t, start, end, t) for t, (start, end) in zip(texts, ranges)]
         return rates.keep_rates(self.kept, placed, len(offsets))
 
     def _offsets(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
@@ -158,16 +167,37 @@ def _phrase_tokens(text: str, offsets, phrase: str) -> list[int]:
     return [t for s in starts for t, (a, b) in enumerate(offsets) if a < s + len(phrase) and b > s]
 
 
-def _partition(text: str, offsets, spans: Sequence[str]) -> tuple[tuple[int, int], ...]:
-    """Token ranges partitioning the context, one per span text in order: a token belongs to the span that holds its
-    last character (the header before the first span to the first, what follows a span's text to that span)."""
+def _found(text: str, spans: Sequence[str]) -> list[int]:
+    """Where each span text starts in ``text``, each found after the previous one's end; one found only earlier
+    (repeated, overlapping the previous one or out of order) or not at all is an error naming it."""
     marks, at = [], 0
     for span in spans:
         found = text.find(span, at)
         if found < 0:
-            raise NativePressError(f"span {span[:60]!r} is not in the context (after the previous span)")
+            if span in text:
+                raise NativePressError(
+                    f"span {span[:60]!r} is in the context only before the previous span's end: give the spans in "
+                    "the context's order, each once, none overlapping another"
+                )
+            raise NativePressError(f"span {span[:60]!r} is not in the context")
         marks.append(found)
         at = found + len(span)
+    return marks
+
+
+def _placed(text: str, offsets, texts: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """Each text's own token range: the tokens overlapping its occurrence (``_found``)."""
+    ranges = []
+    for at, part in zip(_found(text, texts), texts):
+        inside = [t for t, (a, b) in enumerate(offsets) if a < at + len(part) and b > at]
+        ranges.append((inside[0], inside[-1] + 1))
+    return tuple(ranges)
+
+
+def _partition(text: str, offsets, spans: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """Token ranges partitioning the context, one per span text in order: a token belongs to the span that holds its
+    last character (the header before the first span to the first, what follows a span's text to that span)."""
+    marks = _found(text, spans)
     marks[0] = 0
     owner = [max(k for k, mark in enumerate(marks) if mark <= max(a, b - 1)) for a, b in offsets]
     ranges = []
@@ -180,9 +210,22 @@ def _partition(text: str, offsets, spans: Sequence[str]) -> tuple[tuple[int, int
 
 
 def _texts(value, what: str) -> tuple[str, ...]:
-    """``value`` (phrases or span texts) as a tuple; one string is an error, not its characters taken one by one."""
+    """``value`` (phrases or span texts) as a tuple of strings; one string is an error, not its characters taken one
+    by one, and so is anything but a list of strings (a ``Span`` holds token positions, not a text to find)."""
     if isinstance(value, str):
         raise NativePressError(f"{what} is one string, {value!r}: give a list of texts, [{value!r}]")
+    positions = (
+        "a Span holds token positions: pass its .text, or build the press from positions with fairkv.build_press"
+    )
+    if isinstance(value, Span) or not isinstance(value, (list, tuple)):
+        raise NativePressError(
+            f"{what} is one {type(value).__name__}: give a list of texts"
+            + (f" ({positions})" if isinstance(value, Span) else "")
+        )
+    wrong = [item for item in value if not isinstance(item, str)]
+    if wrong:
+        said = f" ({positions})" if isinstance(wrong[0], Span) else ""
+        raise NativePressError(f"{what} must be texts, not {type(wrong[0]).__name__} {wrong[0]!r}{said}")
     return tuple(value)
 
 
