@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 from hand_rows import answer
 
-from fairkv.studies import fixes
+from fairkv.runs import experiment
+from fairkv.studies import fair, fixes
+from fairkv.studies.beyond import geometry
 
 N = 100
 
@@ -91,3 +93,26 @@ def test_the_fix_to_use_holds_to_the_highest_ratio_from_its_lowest():
     assert chosen.loc["K-Norm", "use"].startswith("none")
     assert chosen.loc["K-Norm", "boundary"] == "not at r = 0.3: refusal below it"
     assert "**SnapKV**: boundary (to r = 0.5)" in fixes.advice(fixes.recommended(table))
+
+
+def test_the_price_studies_ask_for_the_benign_cells_notebook_13_lacked_and_no_other():
+    """At the cpu profile the price studies ask for benign cells only, at r = 0.3, none of which a study notebook 13
+    reads already asks for: per fix, the price the table showed as not measured (broken on purpose: a price study at
+    r = 0.4 asked again for cells the fair study has; the defense last's asked again for StreamingLLM's)."""
+    before = set()
+    for study in (fair.STUDY, fair.FLIPPED, fair.FLIPPED_ACCURACY, fixes.BOUNDARY):
+        before |= {cell for part in study.parts("cpu") for cell in experiment.cell_ids(part)}
+    for template in geometry.PLACES.values():
+        before |= {
+            cell for part in geometry.GEOMETRY.parts("cpu", template=template) for cell in experiment.cell_ids(part)
+        }
+    asked = {}
+    for study in fixes.PRICES:
+        (part,) = study.parts("cpu")
+        cells = experiment.cell_ids(part)
+        assert part.queries == ("benign",) and part.ratios == (fixes.LOW,) and not cells & before, study.name
+        asked[study.name] = (part.orders, part.variants, part.template, part.ratios, part.n_prompts, len(cells))
+    assert asked == {
+        "price_mitigations": (("normal",), ("base", "whitelist", "fair"), None, (0.3,), 100, 1500),
+        "price_defense_last": (("flipped",), ("base",), None, (0.3,), 100, 400),
+    }

@@ -24,6 +24,7 @@ from fairkv.runs.studies import (
     CI_MITIGATION_RATIOS,
     CI_PROMPTS,
     CPU_MITIGATION_RATIOS,
+    GROWN_SIDE,
     NORMAL,
     TEN_RATIOS,
     Fields,
@@ -48,11 +49,46 @@ BOUNDARY = Study(
     figures=("13_fixes_table", "13_fixes", "13_recommended", "13_paper_vs_us"),
     sweep=False,
 )
-STUDIES = (BOUNDARY,)
-
 DEFENSE_LAST, OPERATIVE_LAST = "defense last", "operative last"  # the reorderings, as fixes
 FIXES = ("whitelist", "fair", "boundary", DEFENSE_LAST, OPERATIVE_LAST)
 OPERATIVE_TEMPLATE = "operative_last"  # notebook 11's template with the operative sentence at the defense's end
+# The benign side (the price) where notebooks 05 and 06 did not run it: at r = 0.3, the lowest ratio the table shows,
+# for the base policy, the whitelist and fair eviction (on the 100 prompts their benign side has at r = 0.4-0.7; a fix's
+# line reads the base policy's beside it, ``mechanism.read``) and the defense last
+# (the flipped order's base policy, as at its other ratios; StreamingLLM's is notebook 06's). No study notebook 13
+# reads asks for any of these cells (tests/test_fixes.py). Not run: the price of boundary protection (r = 0.3-0.7) and
+# of the operative sentence last (notebook 11 runs the attack only): where a fix's refusal is not as the uncompressed
+# model's, no price makes it hold (the table says not measured).
+LOW = 0.3
+PRICES = tuple(
+    Study(
+        f"price_{name}",
+        "13",
+        f"beyond the paper: the benign price of {what} at r = {LOW:g}",
+        Fields(queries=("benign",), **axes),
+        {
+            "ci": Scale(n_prompts=CI_PROMPTS, ratios=(LOW,), policies=("streamingllm",), benign=benign),
+            "cpu": Scale(ratios=(LOW,), benign=benign),
+            "paper": Scale(n_prompts=100, ratios=(LOW,), benign=benign),
+        },
+        sweep=False,
+    )
+    for name, what, axes, benign in (
+        (
+            "mitigations",
+            "the whitelist and fair eviction",
+            dict(orders=NORMAL, variants=("base", "whitelist", "fair")),  # the base policy's: read beside each fix
+            GROWN_SIDE,
+        ),
+        (
+            "defense_last",
+            DEFENSE_LAST,
+            dict(orders=("flipped",), variants=("base",), policies=PAPER[1:]),  # StreamingLLM's: notebook 06's
+            dict(orders=("flipped",), **GROWN_SIDE),
+        ),
+    )
+)
+STUDIES = (BOUNDARY, *PRICES)
 AS_UNCOMPRESSED, PRICE, BELOW = (
     "as uncompressed",
     "a price",
@@ -155,7 +191,8 @@ def holds_to(lines: pd.DataFrame) -> tuple[float | None, str]:
     reached = None
     for _, line in lines.sort_values("ratio").iterrows():
         if not line["holds"]:
-            why = f"refusal {line['refusal']}" if line["refusal"] != AS_UNCOMPRESSED else f"price {line['price']}"
+            cost = "a benign price" if line["price"] == PRICE else f"price {line['price']}"
+            why = f"refusal {line['refusal']}" if line["refusal"] != AS_UNCOMPRESSED else cost
             if reached is None:
                 return None, f"not at r = {line['ratio']:g}: {why}"
             return reached, f"to r = {reached:g}; at {line['ratio']:g}: {why}"
@@ -235,8 +272,10 @@ BOUNDARY_REFUSAL = Claim(
 )
 CLAIMS = (BOUNDARY_REFUSAL,)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: the boundary study's 2,500 attack cells, 41 min
-# 31 s measured on 12-07 (the cores shared with a benchmark for half of it); ci: 1 min 19 s measured on 12-07
-MINUTES = {"ci": 1.3, "cpu": 42}
+# 31 s measured on 12-07 (the cores shared with a benchmark for half of it), then the price studies' 1,550 benign cells
+# (``PRICES``): 950 in 59 min 35 s beside test runs, 400 in 21 min 37 s alone, the base policy's 200 in 31 min 7 s
+# beside an audit (12-07; about 12 alone at the 3.5 s a benign cell took here); ci: 1 min 19 s measured on 12-07
+MINUTES = {"ci": 1.3, "cpu": 135}
 
 
 def _changed(rows: pd.DataFrame, metric: str, ratios) -> tuple[dict, verdicts.Estimate]:
