@@ -35,8 +35,6 @@ tokenizer = AutoTokenizer.from_pretrained(folder)
 pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
 spans = [{DEFENSE!r}, {DIRECTIVE!r}]
 context = spans[0] + "\\n\\n" + spans[1]
-at = spans[0].index({PHRASE!r})
-around = [spans[0][:at], {PHRASE!r}, spans[0][at + len({PHRASE!r}):]]  # the phrase as a span of its own
 out = {{"fairkv": fairkv.__file__}}
 for name, press in (
     ("fair", FairPress(SnapKVPress(0.5, window_size=16), spans=spans, tokenizer=tokenizer)),
@@ -44,7 +42,8 @@ for name, press in (
     ("lam0", FairPress(StreamingLLMPress(0.5), spans=spans, lam=0.0, tokenizer=tokenizer)),
 ):
     answer = pipe(context, question="Tell me about the sea.", press=press, max_new_tokens=4)["answer"]
-    out[name] = {{"answer": answer, "rates": press.keep_rates(spans), "phrase": press.keep_rates(around)[{PHRASE!r}]}}
+    rates = press.keep_rates() if isinstance(press, FairPress) else press.keep_rates(spans)  # the partition, or texts
+    out[name] = {{"answer": answer, "rates": rates, "phrase": press.keep_rates([{PHRASE!r}])[{PHRASE!r}]}}
 print(json.dumps(out))
 """
 
