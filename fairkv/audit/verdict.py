@@ -195,12 +195,18 @@ def table(found: list[Finding], largest: float, checks) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _by_value(values: dict[str, str], every: int) -> str:
-    """'r = 0.5 with every policy', or 'r = 0.5 with knorm, tova (none with snapkv)': policies grouped by value, the
-    largest group first."""
+def _groups(values: dict[str, str]) -> dict[str, list[str]]:
+    """Value -> the policies that have it, in the order first met."""
     groups: dict[str, list[str]] = {}
     for policy, value in values.items():
         groups.setdefault(value, []).append(policy)
+    return groups
+
+
+def _by_value(values: dict[str, str], every: int) -> str:
+    """'r = 0.5 with every policy', or 'r = 0.5 with knorm, tova (none with snapkv)': policies grouped by value, the
+    largest group first."""
+    groups = _groups(values)
     if len(groups) == 1 and every > 1:
         return f"{next(iter(groups))} with every policy"
     ordered = sorted(groups.items(), key=lambda item: -len(item[1]))
@@ -252,9 +258,7 @@ def sentences(
 def fix_sentence(uses: dict[str, str], priced: bool) -> str:
     """The sentence naming, per policy, the fix to use (``fixes.use``'s words; policies with the same answer together),
     and whether the benign price was measured."""
-    groups: dict[str, list[str]] = {}
-    for policy, said in uses.items():
-        groups.setdefault(said, []).append(policy)
+    groups = _groups(uses)
     if len(groups) == 1 and len(uses) > 1:
         answer = f"{next(iter(groups))} with every policy"
     else:

@@ -53,10 +53,10 @@ DEFENSE_LAST, OPERATIVE_LAST = "defense last", "operative last"  # the reorderin
 FIXES = ("whitelist", "fair", "boundary", DEFENSE_LAST, OPERATIVE_LAST)
 OPERATIVE_TEMPLATE = "operative_last"  # notebook 11's template with the operative sentence at the defense's end
 # The benign side (the price) where notebooks 05 and 06 did not run it: at r = 0.3, the lowest ratio the table shows,
-# for the base policy, the whitelist and fair eviction (on the 100 prompts their benign side has at r = 0.4-0.7; a fix's
-# line reads the base policy's beside it, ``mechanism.read``) and the defense last
-# (the flipped order's base policy, as at its other ratios; StreamingLLM's is notebook 06's). No study notebook 13
-# reads asks for any of these cells (tests/test_fixes.py). Not run: the price of boundary protection (r = 0.3-0.7) and
+# for the base policy, the whitelist and fair eviction (on the 100 prompts their benign side has at r = 0.4-0.7; a
+# fix's line reads the base policy's beside it, ``mechanism.read``) and the defense last (the flipped order's base
+# policy, as at its other ratios; StreamingLLM's is notebook 06's). No study notebook 13 reads asks for any of these
+# cells (tests/test_fixes.py). Not run: the price of boundary protection (r = 0.3-0.7) and
 # of the operative sentence last (notebook 11 runs the attack only): where a fix's refusal is not as the uncompressed
 # model's, no price makes it hold (the table says not measured).
 LOW = 0.3

@@ -214,19 +214,19 @@ def _texts(value, what: str) -> tuple[str, ...]:
     by one, and so is anything but a list of strings (a ``Span`` holds token positions, not a text to find)."""
     if isinstance(value, str):
         raise NativePressError(f"{what} is one string, {value!r}: give a list of texts, [{value!r}]")
-    positions = (
-        "a Span holds token positions: pass its .text, or build the press from positions with fairkv.build_press"
-    )
-    if isinstance(value, Span) or not isinstance(value, (list, tuple)):
-        raise NativePressError(
-            f"{what} is one {type(value).__name__}: give a list of texts"
-            + (f" ({positions})" if isinstance(value, Span) else "")
-        )
-    wrong = [item for item in value if not isinstance(item, str)]
-    if wrong:
-        said = f" ({positions})" if isinstance(wrong[0], Span) else ""
-        raise NativePressError(f"{what} must be texts, not {type(wrong[0]).__name__} {wrong[0]!r}{said}")
+    if not isinstance(value, (list, tuple)):
+        raise NativePressError(f"{what} is one {type(value).__name__}: give a list of texts{_positions(value)}")
+    wrong = next((item for item in value if not isinstance(item, str)), None)
+    if wrong is not None:
+        raise NativePressError(f"{what} must be texts, not {type(wrong).__name__} {wrong!r}{_positions(wrong)}")
     return tuple(value)
+
+
+def _positions(item) -> str:
+    """What to do with a ``Span`` given where a text belongs ('' for anything else)."""
+    if not isinstance(item, Span):
+        return ""
+    return " (a Span holds token positions: pass its .text, or build the press from positions with fairkv.build_press)"
 
 
 @dataclass
