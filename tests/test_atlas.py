@@ -21,10 +21,14 @@ from fairkv.studies import mechanism
 
 
 def test_the_registry_names_every_kvpress_press_with_how_or_why_not():
-    """Every press kvpress exports is one policy (one entry, its class) or not run with a reason, never both."""
+    """Every press kvpress exports is one policy (one entry, its class) or not run with a reason, never both; a policy
+    of a class kvpress does not export (a press of fairkv's own in the catalogue) is a kvpress press all the same
+    (broken on purpose: a declaration of a class no press at all)."""
     policies = [p.name for p in registry.REGISTRY.values()]
     assert len(policies) == len(set(policies)) and not set(policies) & set(registry.NOT_RUN)
-    assert set(policies) | set(registry.NOT_RUN) == set(registry.kvpress_presses())
+    assert set(registry.kvpress_presses()) <= set(policies) | set(registry.NOT_RUN)
+    assert set(registry.NOT_RUN) <= set(registry.kvpress_presses())
+    assert all(issubclass(p.cls, BasePress) for p in registry.REGISTRY.values())
     assert all(registry.NOT_RUN.values())
     for policy in registry.REGISTRY.values():
         assert policy.scoring in ("independent", "cross-token", "wrapper of SnapKV"), policy.name

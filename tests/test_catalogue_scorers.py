@@ -18,21 +18,32 @@ SCORERS = [e.key for e in runnable() if not e.paper and e.backend == SCORE_ONCE]
 
 
 def test_every_runnable_press_has_a_backend_and_each_score_once_one_its_local_scores():
-    """The catalogue declares the backends: the scorers whose score reads neither the ratio nor random numbers are
-    scored once (each with span-local scores), every other runnable press is built per setting; all are policies."""
-    once = {e.name for e in runnable() if not e.paper and e.backend == SCORE_ONCE}
-    assert once == {
-        "ExpectedAttentionPress",
-        "KeyDiffPress",
-        "LagKVPress",
-        "CURPress",
-        "CapPress",
-        "NonCausalAttnPress",
-    }
-    assert {e.name for e in runnable() if e.backend == PER_SETTING} >= {"LeverageScorePress", "CompactorPress"}
+    """The catalogue declares the backends, read from the registry (a press added to it fails here only where its
+    declaration is wrong): each scored once has span-local scores, a catalogue scorer its kind's; the presses known
+    to draw a random sketch at every call are built per setting; all are policies."""
     assert all(e.backend in (SCORE_ONCE, PER_SETTING) for e in runnable())
+    assert all(e.local is not None for e in runnable() if e.backend == SCORE_ONCE)
+    assert {e.name for e in runnable() if e.backend == PER_SETTING} >= {"LeverageScorePress", "CompactorPress"}
     assert all(registry.policy_of(registry.make_press(key, 0.5)).key == key for key in registry.REGISTRY)
-    assert {KIND_SCORERS[registry.REGISTRY[key].scoring] for key in SCORERS} == {span_as_prompt}
+    assert all(registry.REGISTRY[key].local is KIND_SCORERS[registry.REGISTRY[key].scoring] for key in SCORERS)
+
+
+def test_a_press_scored_once_scores_alike_at_every_ratio_and_call(smollm, normal_prompt):
+    """What scoring once rests on (one prefill's scores serve every ratio): each press declared score once, read from
+    the registry, scores the prompt alike at r = 0.3 and 0.7 and on a second call (broken on purpose: LeverageScore,
+    a random sketch at every call, declared score once)."""
+    for entry in runnable():
+        if entry.backend != SCORE_ONCE:
+            continue
+        scores = []
+        for ratio in (0.3, 0.7, 0.7):
+            probe = _Probe(entry.build(ratio), (), seeded=False)
+            with torch.inference_mode(), probe(smollm.model):
+                smollm.model.model(input_ids=normal_prompt.ids)
+            scores.append(probe.base)
+        for layer in (0, 15, 29):
+            assert torch.equal(scores[0][layer], scores[1][layer]), (entry.label, "differs at another ratio", layer)
+            assert torch.equal(scores[1][layer], scores[2][layer]), (entry.label, "differs by call", layer)
 
 
 def test_shift_keys_is_the_rotation_of_the_earlier_position():
@@ -52,10 +63,11 @@ def test_shift_keys_is_the_rotation_of_the_earlier_position():
 
 class _Probe(BasePress):
     """Records each layer's base and span-local scores of ``press`` (``local``: its scorer, default the registered one);
-    each score is drawn from the same seed, so a press with a random sketch draws the same sketch for both prompts."""
+    each score is drawn from the same seed, so a press with a random sketch draws the same sketch for both prompts
+    (``seeded`` False: the base scores alone, each drawn as a run draws it)."""
 
-    def __init__(self, press, spans, local=None):
-        self.press, self.spans, self.base, self.local = press, spans, {}, {}
+    def __init__(self, press, spans, local=None, seeded=True):
+        self.press, self.spans, self.base, self.local, self.seeded = press, spans, {}, {}, seeded
         self.policy = registry.policy_of(press)
         self.scorer = local or self.policy.local_scores
 
@@ -64,6 +76,9 @@ class _Probe(BasePress):
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         args = (module, hidden_states, keys, values, attentions, kwargs)
+        if not self.seeded:  # the press's own draws, as a run makes them: its base scores alone
+            self.base[module.layer_idx] = self.policy.ranking_scores(self.press, *args)
+            return keys, values
         torch.manual_seed(module.layer_idx)
         self.base[module.layer_idx] = self.policy.ranking_scores(self.press, *args)
         torch.manual_seed(module.layer_idx)

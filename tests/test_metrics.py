@@ -124,3 +124,7 @@ def test_keep_rates_hand_worked():
             fairkv.keep_rates(kept, spans, n)
     with pytest.raises(SpanError, match="kept positions -1 to 1 lie outside"):
         fairkv.keep_rates({0: torch.tensor([[[-1, 1]]])}, [fairkv.Span("A", 0, 2, "")], 4)
+    # kept as one tensor, not a dict of layers (broken on purpose: torch's sparse-layout error), or one layer's 1-d
+    for wrong, said in ((kept[0], "kept is Tensor: give a dict of layer"), ({0: torch.tensor([0, 2])}, "kept is dict")):
+        with pytest.raises(SpanError, match=f"{said}.*as a press records them"):
+            fairkv.keep_rates(wrong, [fairkv.Span("A", 0, 2, "")], 4)

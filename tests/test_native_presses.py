@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvpress import AdaKVPress  # importing kvpress registers the "kv-press-text-generation" pipeline
+from kvpress import (
+    AdaKVPress,
+    RandomPress,
+    ScorerPress,
+    SnapKVPress,
+)  # importing kvpress registers the "kv-press-text-generation" pipeline
 from kvpress.utils import compute_n_kept
 from transformers import DynamicCache, pipeline
 
@@ -162,3 +167,31 @@ def test_only_scorer_presses_are_wrapped_and_texts_are_given():
         WhitelistPress(make_press("snapkv", 0.5), ["a", 3])
     nested = FairPress(WhitelistPress(make_press("knorm", 0.25), [PHRASE]), spans=["a"])
     assert nested.compression_ratio == 0.25
+
+
+def test_a_press_without_span_local_scores_is_told_what_fair_eviction_needs():
+    """FairPress ranks inside each span by span-local scores (Appendix F): kvpress's RandomPress has none here and is
+    told to take the whitelist or boundary protection, not to register a press kvpress ships; a class of one's own, to
+    register its scoring (broken on purpose: unchecked, both failed at the first compression telling either to
+    register "a press of one's own")."""
+    with pytest.raises(NativePressError, match="RandomPress has none: kvpress's RandomPress is scored compress per"):
+        FairPress(RandomPress(0.5), spans=["a"])
+    WhitelistPress(RandomPress(0.5), [PHRASE])  # the whitelist needs no span-local score
+
+    class Mine(ScorerPress):
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            return keys.norm(dim=-1)
+
+    with pytest.raises(NativePressError, match="Mine has none: register it with its span-local scoring.*KnormPress"):
+        FairPress(WhitelistPress(Mine(0.5), [PHRASE]), spans=["a"])
+
+
+def test_a_window_longer_than_the_context_is_named(smollm, context):
+    """SnapKV's default 64-token window on a short context: one error naming the window, the context's length and a
+    window that fits (broken on purpose: kvpress's assertion, "Query length ... should be greater than the window
+    size")."""
+    pipe = pipeline("kv-press-text-generation", model=smollm.model, tokenizer=smollm.tokenizer)
+    short = "Never reveal this.\n\nAnswer in French."
+    press = FairPress(SnapKVPress(0.5), spans=["Never reveal this.", "Answer in French."], tokenizer=smollm.tokenizer)
+    with pytest.raises(NativePressError, match=r"SnapKVPress's window of 64 tokens .* has \d+ tokens: give a smaller"):
+        pipe(short, question="Hi.", press=press, max_new_tokens=1)

@@ -3,12 +3,13 @@ policy like kvpress's own: the atlas measures it, a grid runs its variants, and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 from kvpress import ScorerPress, SnapKVPress
 
+from fairkv.core import paths
 from fairkv.core.presses import own, registry
 from fairkv.core.presses.policy import SCORE_ONCE, PolicyError
 from fairkv.runs import atlas, experiment
@@ -42,6 +43,20 @@ def test_a_registered_press_runs_through_the_atlas(earliest, smollm, tmp_path):
     rows = atlas.run(plan, folder=tmp_path, progress=False, lm=smollm).set_index("press")
     assert rows.loc["Earliest", "keep_directive"] == 0.0 and rows.loc["Earliest", "keep_defense"] > 0.9
     assert rows.loc["StreamingLLM", "keep_directive"] == 1.0  # the opposite end, for contrast
+
+
+def test_a_frozen_atlas_names_the_added_press_and_the_command_computing_its_rows(earliest, smollm, tmp_path):
+    """A press added to the catalogue lacks its keep rates in the committed atlas: a frozen run stops before loading
+    anything, naming the press, its missing cells and the one command that computes them alone (broken on purpose:
+    the runner's general advice, "Run without --frozen")."""
+    plan = atlas.Plan(profile="ci", n_prompts=1, ratios=(0.3,), orders=("normal",), presses=("StreamingLLM",))
+    atlas.run(plan, folder=tmp_path, progress=False, lm=smollm)
+    added = replace(plan, presses=("Earliest", "StreamingLLM"))
+    with paths.frozen_run(), pytest.raises(paths.FrozenError) as raised:
+        atlas.run(added, folder=tmp_path, progress=False)
+    said = str(raised.value)
+    assert "lacks 1 of the 2 cells" in said and "Missing: the keep rates of Earliest (1 cell)." in said
+    assert "Compute only them: fairkv reproduce 12 -p profile ci (every stored row is reused)" in said
 
 
 def test_a_registered_press_is_a_policy_with_its_variants(earliest, smollm, tmp_path):

@@ -200,6 +200,20 @@ def _resolve(name: str, convert: bool) -> tuple[Path | str, str | None]:
     raise ModelError(f"unknown model {name!r}: use one of {known}, a local folder, or a Hugging Face id (org/name)")
 
 
+GGUF_PIP = "pip install gguf==0.19.0"  # transformers reads a GGUF file with it (the artifact's pin)
+
+
+def model_folder(name: str = DEFAULT_MODEL) -> Path:
+    """A transformers folder of the embedded model ``name``, the core user's model to try the presses on
+    (docs/library.md): its shipped GGUF file converted to float32 once and cached (``converted_dir``). Converting needs
+    the GGUF reader and the model's package, each named with its install command when missing."""
+    if name not in EMBEDDED:
+        raise ModelError(f"unknown embedded model {name!r}: use one of {', '.join(sorted(EMBEDDED))}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError(f"model {name!r}: its GGUF file is read with the package 'gguf'; install it with: {GGUF_PIP}")
+    return Path(_resolve(name, convert=True)[0])
+
+
 def load_tokenizer(name: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     """The tokenizer of ``name``; for an embedded model read from the GGUF file when no conversion is cached yet."""
     folder, _ = _resolve(name, convert=False)

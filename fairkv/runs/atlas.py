@@ -21,6 +21,8 @@ older atlas rows.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +142,10 @@ class Plan:
         return runnable(self.presses)
 
 
+def _cells(label: str, n: int) -> str:
+    return f"{label} ({n} cell{'s' if n != 1 else ''})"
+
+
 def describe(chosen: Plan, rows: pd.DataFrame) -> str:
     """What was run, from the rows (printed under the notebook's parameters)."""
     grid = chosen.grid
@@ -205,6 +211,16 @@ class Job:
 
     def tasks(self, missing: list[tuple]) -> list[tuple]:
         return list(dict.fromkeys((record, order) for record, order, _, _ in missing))
+
+    def remedy(self, missing: list[tuple]) -> str:
+        """What a frozen run says of ``missing`` cells: the presses they are of, and the one command computing them
+        alone (a press added to the catalogue lacks its rows)."""
+        counts = Counter(label for _, _, label, _ in missing)
+        return (
+            f"Missing: the keep rates of {', '.join(_cells(label, n) for label, n in counts.items())}. "
+            f"Compute only them: fairkv reproduce 12 -p profile {self.plan.profile} (every stored row is reused), "
+            "then seal the store (fairkv store seal) to commit them."
+        )
 
     def load(self, device: str | None = None) -> models.LoadedModel:
         grid = self.plan.grid

@@ -41,6 +41,9 @@ class Job(Protocol):
     def model_key(self) -> tuple: ...
 
 
+RECOMPUTE = "Run without --frozen (FAIRKV_FROZEN=0) to compute them, or restore the committed rows (git checkout results/)."  # what a frozen run says of a job's missing cells, unless the job says more (its ``remedy``: the atlas's)
+
+
 def run(  # 7 parameters: the job, its store and the options every kind of row shares
     job: Job,
     store: ResultsStore,
@@ -59,8 +62,7 @@ def run(  # 7 parameters: the job, its store and the options every kind of row s
         refuse_if_frozen(
             f"{store.path} lacks {len(absent)} of the {len(set(ids.values()))} cells this job reads (missing: "
             f"{', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''})",
-            "Run without --frozen (FAIRKV_FROZEN=0) to compute them, or restore the committed rows (git checkout "
-            "results/).",
+            job.remedy(list(missing)) if hasattr(job, "remedy") else RECOMPUTE,
         )
         with store.computing(wait):
             done = store.rows()  # rows another process stored while this one waited are reused

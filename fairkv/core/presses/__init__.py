@@ -9,6 +9,8 @@ same mitigations as kvpress presses taking text (``native``), and ``keep_rates``
 
 from __future__ import annotations
 
+import torch
+
 from fairkv.core.presses.budget import BudgetError
 from fairkv.core.presses.recording import RecordingPress
 from fairkv.core.presses.policies import PAPER
@@ -60,6 +62,11 @@ def keep_rates(kept: dict, spans, n_tokens: int) -> dict[str, float]:
                 f"span {span.name!r} covers tokens [{span.start}, {span.end}): give a non-empty range inside the "
                 f"prefix of {n_tokens} tokens"
             )
+    if not isinstance(kept, dict) or not all(isinstance(i, torch.Tensor) and i.dim() == 3 for i in kept.values()):
+        raise SpanError(
+            f"kept is {type(kept).__name__}: give a dict of layer -> kept positions (batch, kv_heads, n_kept), as a "
+            "press records them (press.kept), e.g. {0: indices} for one layer"
+        )
     given = [indices for indices in kept.values() if indices.numel()]
     low, high = min((int(i.min()) for i in given), default=0), max((int(i.max()) for i in given), default=-1)
     if low < 0 or high >= n_tokens:

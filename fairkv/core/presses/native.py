@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 
 from fairkv.core.presses import rates
 from fairkv.core.presses.recording import RecordingPress
+from fairkv.core.presses.registry import REGISTRY, UNREGISTERED, policy_of
 from fairkv.core.presses.selection import Marks
 from fairkv.core.presses.setting import BOUNDARY_SHARE, Setting, Variant, check_lam, check_share
 from fairkv.core.prompts import Span
@@ -103,6 +104,13 @@ class _TextPress(BasePress):
             )
         self._context = text, offsets = self._offsets(self._ids[0, :n].tolist())
         scorer, wrappers = self._chain()
+        window = getattr(scorer, "window_size", None)
+        if isinstance(window, int) and n <= window:
+            raise NativePressError(
+                f"{type(scorer).__name__}'s window of {window} tokens needs a context longer than it, and this one has "
+                f"{n} tokens: give a smaller window_size (e.g. {type(scorer).__name__}({scorer.compression_ratio:g}, "
+                f"window_size={max(1, n // 4)})) or a longer context"
+            )
         boundary = [w for w in wrappers if isinstance(w, BoundaryPress)]
         if boundary and len(wrappers) > 1:
             raise NativePressError(
@@ -259,6 +267,25 @@ class FairPress(_TextPress):
         check_lam(self.lam)
         if not self.spans or not all(self.spans):
             raise NativePressError("a FairPress needs at least one non-empty span text")
+        _check_local(self._chain()[0])
+
+
+def _check_local(scorer: ScorerPress) -> None:
+    """Fair eviction ranks inside each span by span-local scores (Appendix F): a scorer press without them is an error
+    naming the presses that have them, and what a press of one's own or one kvpress ships can do instead."""
+    policy = policy_of(scorer)
+    if policy.local is not None:
+        return
+    name = type(scorer).__name__
+    local = ", ".join(p.name for p in REGISTRY.values() if p.local is not None)
+    if policy.scoring == UNREGISTERED:
+        instead = "register it with its span-local scoring (fairkv.core.presses.own.register)"
+    else:
+        instead = f"kvpress's {name} is scored {policy.backend} here; wrap it in a WhitelistPress or a BoundaryPress"
+    raise NativePressError(
+        f"a FairPress ranks each span by span-local scores (Section 5.2, Appendix F) and {name} has none: {instead}, "
+        f"or wrap one of {local}"
+    )
 
 
 @dataclass

@@ -104,6 +104,9 @@ def provenance(policy: str | None) -> dict[str, str]:
     return {}
 
 
+UNREGISTERED = "unregistered"  # the scoring of a press class the registry lacks (``policy_of``)
+
+
 def policy_of(press: BasePress) -> Policy:
     """The policy whose press class ``press`` is (exactly, not a subclass): how a press a kvpress user built is
     ranked and scored span by span. A class the registry lacks ranks by its own score, keeps no position whatever
@@ -112,7 +115,7 @@ def policy_of(press: BasePress) -> Policy:
         if policy.cls is type(press):
             return policy
     name = type(press).__name__
-    return Policy(name.lower(), name, type(press), type(press), "unregistered")
+    return Policy(name.lower(), name, type(press), type(press), UNREGISTERED)
 
 
 def get_policy(key: str) -> Policy:
