@@ -50,15 +50,17 @@ BOUNDARY = Study(
     sweep=False,
 )
 DEFENSE_LAST, OPERATIVE_LAST = "defense last", "operative last"  # the reorderings, as fixes
-FIXES = ("whitelist", "fair", "boundary", DEFENSE_LAST, OPERATIVE_LAST)
+WHITELISTED_LAST = "defense last + whitelist"  # the reordering and the whitelist together
+FIXES = ("whitelist", "fair", "boundary", DEFENSE_LAST, WHITELISTED_LAST, OPERATIVE_LAST)
 OPERATIVE_TEMPLATE = "operative_last"  # notebook 11's template with the operative sentence at the defense's end
 # The benign side (the price) where notebooks 05 and 06 did not run it: at r = 0.3, the lowest ratio the table shows,
 # for the base policy, the whitelist and fair eviction (on the 100 prompts their benign side has at r = 0.4-0.7; a
 # fix's line reads the base policy's beside it, ``mechanism.read``) and the defense last (the flipped order's base
-# policy, as at its other ratios; StreamingLLM's is notebook 06's). No study notebook 13 reads asks for any of these
-# cells (tests/test_fixes.py). Not run: the price of boundary protection (r = 0.3-0.7) and
-# of the operative sentence last (notebook 11 runs the attack only): where a fix's refusal is not as the uncompressed
-# model's, no price makes it hold (the table says not measured).
+# policy, as at its other ratios; StreamingLLM's is notebook 06's) and the defense last + whitelist (the flipped
+# order's whitelist, every policy). No study notebook 13 reads asks for any of these cells (tests/test_fixes.py). Not
+# run: the price of boundary protection (r = 0.3-0.7) and of the operative sentence last (notebook 11 runs the attack
+# only): where a fix's refusal is not as the uncompressed model's, no price makes it hold (the table says not
+# measured); the price of the defense last + whitelist at r = 0.4-0.7, where its refusal is (the next to compute).
 LOW = 0.3
 PRICES = tuple(
     Study(
@@ -86,33 +88,61 @@ PRICES = tuple(
             dict(orders=("flipped",), variants=("base",), policies=PAPER[1:]),  # StreamingLLM's: notebook 06's
             dict(orders=("flipped",), **GROWN_SIDE),
         ),
+        (
+            "whitelist_last",
+            WHITELISTED_LAST,
+            dict(orders=("flipped",), variants=("whitelist",)),  # read beside the base policy's, as every fix
+            dict(orders=("flipped",), **GROWN_SIDE),
+        ),
     )
 )
-STUDIES = (BOUNDARY, *PRICES)
+# The whitelist with the defense last (the flipped order, the defense's key phrase always kept): the fix a practitioner
+# who reorders and whitelists gets. At the cpu profile the attack at the table's ratios on the 100 prompts (2,500
+# cells; the flipped order's base and uncompressed rows are notebook 06's); its benign side (the price) at r = 0.3
+# (``PRICES``)
+WHITELIST_LAST = Study(
+    "whitelist_last",
+    "13",
+    "beyond the paper: the whitelist with the defense last",
+    Fields(orders=("flipped",), variants=("base", "whitelist")),
+    {
+        "ci": Scale(n_prompts=CI_PROMPTS, ratios=CI_MITIGATION_RATIOS, policies=("streamingllm",)),
+        "cpu": Scale(ratios=CPU_MITIGATION_RATIOS, queries=("attack",)),
+        "paper": Scale(n_prompts=100, ratios=TEN_RATIOS[:8]),
+    },
+    sweep=False,
+)
+STUDIES = (BOUNDARY, *PRICES, WHITELIST_LAST)
 AS_UNCOMPRESSED, PRICE, BELOW = (
     "as uncompressed",
     "a price",
     "below it",
 )  # the refusal against the uncompressed model, the price
 UNDECIDED, NONE, NOT_MEASURED = "undecided", "none", "not measured"
-MARKERS = dict(zip(FIXES, "osD^v"))
-COLOURS = dict(zip(FIXES, ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9")))
+MARKERS = dict(zip(FIXES, "osD^Pv"))
+COLOURS = dict(zip(FIXES, ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9")))
 
 
 def gathered(*frames: pd.DataFrame) -> pd.DataFrame:
     """Every fix's rows in one frame (each study's rows with ``analysis.with_benign_flags`` applied; a row several
     studies hold, once): the normal order's base, whitelist, fair and boundary rows as they are; the flipped order's
-    compressed base rows as the fix ``defense last`` and notebook 11's compressed base rows with the operative sentence
-    last as ``operative last``, both in the normal order. Their own uncompressed rows are left out: every fix is read
-    against the uncompressed model with the prompt as the user wrote it (normal order, the paper's defense)."""
+    compressed base rows as the fix ``defense last``, its compressed whitelist rows as ``defense last + whitelist`` and
+    notebook 11's compressed base rows with the operative sentence last as ``operative last``, all in the normal order.
+    Their own uncompressed rows are left out: every fix is read against the uncompressed model with the prompt as the
+    user wrote it (normal order, the paper's defense)."""
     rows = pd.concat(frames, ignore_index=True).drop_duplicates(["cell_id", "policy", "variant"], ignore_index=True)
     template = rows["template"] if "template" in rows else pd.Series(None, index=rows.index, dtype=object)
     plain, compressed = template.isna(), rows["ratio"] > 0
     normal = rows[plain & (rows["order"] == "normal") & rows["variant"].isin(("base", *FIXES[:3]))]
-    flipped = rows[plain & compressed & (rows["order"] == "flipped") & (rows["variant"] == "base")]
+    flipped = rows[plain & compressed & (rows["order"] == "flipped")]
     moved = rows[(template == OPERATIVE_TEMPLATE) & compressed & (rows["variant"] == "base")]
     out = pd.concat(
-        [normal, flipped.assign(order="normal", variant=DEFENSE_LAST), moved.assign(variant=OPERATIVE_LAST)],
+        [
+            normal,
+            flipped[flipped["variant"] == "base"].assign(order="normal", variant=DEFENSE_LAST),
+            flipped[flipped["variant"] == "whitelist"].assign(order="normal", variant=WHITELISTED_LAST),
+            moved.assign(variant=OPERATIVE_LAST),
+        ],
         ignore_index=True,
     )
     return out.drop(columns=[c for c in ("template", "place", "keep_operative") if c in out])
@@ -202,7 +232,9 @@ def holds_to(lines: pd.DataFrame) -> tuple[float | None, str]:
 
 def recommended(fixes: pd.DataFrame) -> pd.DataFrame:
     """Per policy, up to which ratio each fix holds and where and why it stops (``holds_to``), and the fix to use: the
-    one that holds to the highest ratio at no price (ties: each named), or none."""
+    one that holds to the highest ratio at no price (ties: each named), or none; a fix that stops for want of its price
+    (its refusal as the uncompressed model's, its price not measured) and ran beyond that ratio is named as not
+    known: it might reach further."""
     out = []
     for policy, lines in fixes.groupby("policy", sort=False):
         found = {fix: holds_to(picked) for fix, picked in lines.groupby("fix", sort=False)}
@@ -210,8 +242,25 @@ def recommended(fixes: pd.DataFrame) -> pd.DataFrame:
         best = max((r for r in reach.values() if r is not None), default=None)
         chosen = [fix for fix, r in reach.items() if r is not None and r == best]
         use = " or ".join(chosen) + f" (to r = {best:g})" if chosen else "none: no fix holds at its lowest ratio"
+        unknown = [
+            f"{fix} (its price not measured from r = {r:g})"
+            for fix, picked in lines.groupby("fix", sort=False)
+            if (r := _unpriced(picked, reach[fix])) is not None and (best is None or picked["ratio"].max() > best)
+        ]
+        if unknown:
+            use += "; not known: " + ", ".join(unknown)
         out.append({"policy": reading.label(policy), **{fix: said.get(fix, NOT_MEASURED) for fix in FIXES}, "use": use})
     return pd.DataFrame(out)
+
+
+def _unpriced(lines: pd.DataFrame, reach: float | None) -> float | None:
+    """The ratio where a fix stops for want of its price (its refusal there as the uncompressed model's, its price not
+    measured), or None where it stops for a reading."""
+    beyond = lines[lines["ratio"] > (reach if reach is not None else -1.0)].sort_values("ratio")
+    if beyond.empty:
+        return None
+    stop = beyond.iloc[0]
+    return float(stop["ratio"]) if stop["refusal"] == AS_UNCOMPRESSED and stop["price"] == NOT_MEASURED else None
 
 
 def figure(fixes: pd.DataFrame, title: str) -> plt.Figure:
@@ -247,7 +296,12 @@ def figure(fixes: pd.DataFrame, title: str) -> plt.Figure:
     axes[0, 0].set_ylabel("attack refused minus uncompressed")
     shown = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}
     fig.legend(
-        shown.values(), shown.keys(), title="fix (by each mark: its ratio)", fontsize=8, loc="lower center", ncol=5
+        shown.values(),
+        shown.keys(),
+        title="fix (by each mark: its ratio)",
+        fontsize=8,
+        loc="lower center",
+        ncol=len(shown),
     )
     fig.subplots_adjust(bottom=0.28)
     suptitle(fig, f"which fix, at what price (shaded: holds, within {margin:g} of the uncompressed model): {title}")
@@ -274,8 +328,10 @@ CLAIMS = (BOUNDARY_REFUSAL,)
 # the notebook's wall minutes (``fairkv.studies.MINUTES_KIND``); cpu: the boundary study's 2,500 attack cells, 41 min
 # 31 s measured on 12-07 (the cores shared with a benchmark for half of it), then the price studies' 1,550 benign cells
 # (``PRICES``): 950 in 59 min 35 s beside test runs, 400 in 21 min 37 s alone, the base policy's 200 in 31 min 7 s
-# beside an audit (12-07; about 12 alone at the 3.5 s a benign cell took here); ci: 1 min 19 s measured on 12-07
-MINUTES = {"ci": 1.3, "cpu": 135}
+# beside an audit (12-07; about 12 alone at the 3.5 s a benign cell took here); then the defense last + whitelist's
+# 2,500 attack cells (``WHITELIST_LAST``), 34 min 28 s beside test runs, and its 500 benign cells at r = 0.3, 73 min
+# 36 s beside audits (12-08; about 29 alone at 3.5 s a cell); ci: 1 min 19 s measured on 12-07
+MINUTES = {"ci": 1.3, "cpu": 199}
 
 
 def _changed(rows: pd.DataFrame, metric: str, ratios) -> tuple[dict, verdicts.Estimate]:
