@@ -251,7 +251,8 @@ def labelling_pool(rows: pd.DataFrame) -> pd.DataFrame:
     directives with the two standard templates (normal and flipped order), every policy, variant and ratio, fair
     eviction at lambda = 1 only, on the first ``LABELLED_PROMPTS`` prompts of each dataset (rows added since on later
     prompts, as the whitelist's mechanism on every prompt, are not of the pool), the variants there were when they
-    were drawn (``POOL_VARIANTS``: boundary protection's rows came later)."""
+    were drawn (``POOL_VARIANTS``: boundary protection's rows came later, and so did the whitelist's in the flipped
+    order, notebook 13's)."""
     ifeval = rows["dataset"].str.startswith(IFEVAL)
     first = {name: {r.key for r in data.load_records(name)[:LABELLED_PROMPTS]} for name in set(rows["dataset"][ifeval])}
     picked = rows[
@@ -260,6 +261,7 @@ def labelling_pool(rows: pd.DataFrame) -> pd.DataFrame:
         & ifeval
         & rows["variant"].isin(POOL_VARIANTS)
         & ((rows["variant"] != "fair") | (rows["lam"] == 1.0))
+        & ((rows["variant"] != "whitelist") | (rows["order"] == "normal"))
         & [key in first.get(name, ()) for name, key in zip(rows["dataset"], rows["key"])]
     ]
     return picked.reset_index(drop=True)

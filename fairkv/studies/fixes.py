@@ -276,11 +276,12 @@ def figure(fixes: pd.DataFrame, title: str) -> plt.Figure:
         axis.axvspan(-1, margin, ymin=0, ymax=1, color="#EEEEEE", zorder=0)
         axis.axhspan(-1, -margin, color="white", zorder=0)
         for fix, lines in fixes[(fixes["policy"] == policy) & fixes["price_change"].notna()].groupby("fix", sort=False):
+            x, y = lines["price_change"].to_numpy(), lines["refused_change"].to_numpy()
             axis.errorbar(
-                lines["price_change"],
-                lines["refused_change"],
-                xerr=[lines["price_change"] - lines["price_low"], lines["price_high"] - lines["price_change"]],
-                yerr=[lines["refused_change"] - lines["refused_low"], lines["refused_high"] - lines["refused_change"]],
+                x,
+                y,
+                xerr=[x - lines["price_low"].to_numpy(), lines["price_high"].to_numpy() - x],
+                yerr=[y - lines["refused_low"].to_numpy(), lines["refused_high"].to_numpy() - y],
                 fmt=MARKERS[fix],
                 color=COLOURS[fix],
                 ms=4,
