@@ -28,8 +28,9 @@ OURS = {
         "Notebook 13: which fix, at what price",
         "Every mitigation of instruction eviction side by side, per policy and ratio: the whitelist, fair eviction, "
         "boundary protection (after arXiv 2605.18053, not the paper's), the defense last (alone and with the "
-        "whitelist) and the defense's operative sentence last; the attack's refusal and the benign queries' refusal (the price) against the uncompressed "
-        "model, and per policy the fix that holds to the highest ratio at no price.",
+        "whitelist) and the defense's operative sentence last; the attack's refusal and the benign queries' refusal "
+        "(the price) against the uncompressed model, and per policy the fix that holds to the highest ratio at no "
+        "price.",
         ("13_fixes",),
         ("13_fixes_table", "13_recommended"),
     ),

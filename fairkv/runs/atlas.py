@@ -21,9 +21,8 @@ older atlas rows.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator

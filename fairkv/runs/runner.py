@@ -41,7 +41,10 @@ class Job(Protocol):
     def model_key(self) -> tuple: ...
 
 
-RECOMPUTE = "Run without --frozen (FAIRKV_FROZEN=0) to compute them, or restore the committed rows (git checkout results/)."  # what a frozen run says of a job's missing cells, unless the job says more (its ``remedy``: the atlas's)
+# what a frozen run says of a job's missing cells, unless the job says more (its ``remedy``: the atlas's)
+RECOMPUTE = (
+    "Run without --frozen (FAIRKV_FROZEN=0) to compute them, or restore the committed rows (git checkout results/)."
+)
 
 
 def run(  # 7 parameters: the job, its store and the options every kind of row shares

@@ -237,14 +237,15 @@ def recommended(fixes: pd.DataFrame) -> pd.DataFrame:
     known: it might reach further."""
     out = []
     for policy, lines in fixes.groupby("policy", sort=False):
-        found = {fix: holds_to(picked) for fix, picked in lines.groupby("fix", sort=False)}
+        by_fix = dict(tuple(lines.groupby("fix", sort=False)))
+        found = {fix: holds_to(picked) for fix, picked in by_fix.items()}
         reach, said = {fix: r for fix, (r, _) in found.items()}, {fix: text for fix, (_, text) in found.items()}
         best = max((r for r in reach.values() if r is not None), default=None)
         chosen = [fix for fix, r in reach.items() if r is not None and r == best]
         use = " or ".join(chosen) + f" (to r = {best:g})" if chosen else "none: no fix holds at its lowest ratio"
         unknown = [
             f"{fix} (its price not measured from r = {r:g})"
-            for fix, picked in lines.groupby("fix", sort=False)
+            for fix, picked in by_fix.items()
             if (r := _unpriced(picked, reach[fix])) is not None and (best is None or picked["ratio"].max() > best)
         ]
         if unknown:
